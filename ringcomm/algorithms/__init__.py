@@ -1,0 +1,55 @@
+"""The algorithm registry: which algorithms exist for which collective, and their cached plans."""
+from __future__ import annotations
+
+from functools import lru_cache
+
+from ..errors import bad_value
+from .base import Algorithm
+from .binomial_broadcast import BinomialBroadcast
+from .binomial_reduce import BinomialReduce
+from .dissemination_barrier import DisseminationBarrier
+from .pipeline_broadcast import PipelineBroadcast
+from .rabenseifner import Rabenseifner
+from .recursive_doubling import RecursiveDoubling
+from .ring import RingAllReduce
+from .ring_all_gather import RingAllGather
+from .ring_reduce_scatter import RingReduceScatter
+from .tree import TreeAllReduce
+
+COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "barrier")
+
+_REGISTRY: dict[str, dict[str, Algorithm]] = {c: {} for c in COLLECTIVES}
+
+
+def register(algorithm: Algorithm) -> Algorithm:
+    _REGISTRY[algorithm.collective][algorithm.name] = algorithm
+    return algorithm
+
+
+for _cls in (RingAllReduce, TreeAllReduce, RecursiveDoubling, Rabenseifner, BinomialBroadcast,
+             PipelineBroadcast, BinomialReduce, RingAllGather, RingReduceScatter, DisseminationBarrier):
+    register(_cls())
+
+
+def names(collective: str) -> list[str]:
+    """The names ``algorithm=`` accepts for ``collective``."""
+    if collective not in _REGISTRY:
+        raise bad_value("algorithms.names", "collective", f"one of {', '.join(COLLECTIVES)}", collective)
+    return list(_REGISTRY[collective])
+
+
+def get(collective: str, name: str) -> Algorithm:
+    table = _REGISTRY[collective]
+    if name not in table:
+        raise bad_value(collective, "algorithm", f"one of {', '.join(table)} or None", name)
+    return table[name]
+
+
+@lru_cache(maxsize=512)
+def plan(collective: str, name: str, rank: int, size: int, count: int, root: int, seg: int) -> list:
+    """The compiled program of one rank; programs are pure, so they are cached."""
+    from ..executor import compile_program
+    return compile_program(_REGISTRY[collective][name].program(rank, size, count, root, seg))
+
+
+__all__ = ["Algorithm", "COLLECTIVES", "names", "get", "plan", "register"]

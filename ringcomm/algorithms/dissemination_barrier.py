@@ -1,0 +1,26 @@
+"""Dissemination barrier (Hensgen, Finkel, Manber).
+
+In round k rank r sends an empty message to r + 2^k and waits for one from r - 2^k. After
+ceil(log2 n) rounds every rank has heard, transitively, from every other, so none can leave
+before all have entered. Cost: ceil(log2 n) alpha; no bytes.
+"""
+from __future__ import annotations
+
+from ..cost import Link, log2_ceil
+from ..schedule import Recv, Send, compact
+from .base import Algorithm
+
+
+class DisseminationBarrier(Algorithm):
+    name = "dissemination"
+    collective = "barrier"
+
+    def program(self, rank, size, count, root, seg):
+        steps, dist = [], 1
+        while dist < size:
+            steps.append([Send((rank + dist) % size, 0, 0), Recv((rank - dist) % size, 0, 0)])
+            dist <<= 1
+        return compact(steps)
+
+    def cost(self, nbytes, size, link: Link) -> float:
+        return log2_ceil(size) * link.alpha

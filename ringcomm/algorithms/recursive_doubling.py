@@ -1,0 +1,38 @@
+"""Recursive doubling all-reduce.
+
+In round k (k = 0..log2(p)-1) rank r exchanges its whole vector with r XOR 2^k and both reduce.
+Both sides compute a OP b from the same two operands and every op here is commutative, so the
+pair holds identical bits, and by induction so does every group of 2^k ranks.
+Non-powers of two fold in first (see _fold).
+Steps: log2(p) (+2). Bytes sent per rank: S log2(p). Cost: log2(p) (alpha + S beta + S gamma).
+Fewest latencies of all, so it wins for tiny messages; it moves S per round, so it loses on big ones.
+"""
+from __future__ import annotations
+
+from ..cost import Link, log2_ceil, pow2_floor
+from ..schedule import compact, recv_segments, send_segments
+from ._fold import fold, fold_cost
+from .base import Algorithm
+
+
+class RecursiveDoubling(Algorithm):
+    name = "recursive_doubling"
+    collective = "all_reduce"
+
+    def program(self, rank, size, count, root, seg):
+        if size == 1 or count == 0:
+            return []
+        before, after, core, p = fold(rank, size, count, seg)
+        rounds = []
+        if core is not None:
+            mask = 1
+            while mask < p:
+                partner = core ^ mask
+                rounds.append(send_segments(partner, 0, count, seg)
+                              + recv_segments(partner, 0, count, seg, reduce=True))
+                mask <<= 1
+        return compact(before + rounds + after)
+
+    def cost(self, nbytes, size, link: Link) -> float:
+        rounds = log2_ceil(pow2_floor(size))
+        return rounds * (link.alpha + nbytes * (link.beta + link.gamma)) + fold_cost(nbytes, size, link)

@@ -1,0 +1,97 @@
+"""Validation at the public boundary, and flat views of user buffers.
+
+Everything here runs on the calling rank before any communication, so a bad argument raises
+locally instead of leaving peers waiting. A ``Buffer`` is a flat, writable numpy view that shares
+memory with the user's tensor or array: collectives work in place on it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import bad_type, bad_value
+from .ops import DTYPES, DType
+
+try:  # torch is a dependency, but keep numpy-only use possible
+    import torch
+except ImportError:  # pragma: no cover
+    torch = None
+
+_TORCH_TO_NAME = {}
+if torch is not None:
+    _TORCH_TO_NAME = {
+        torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32",
+        torch.float64: "float64", torch.int32: "int32", torch.int64: "int64", torch.uint8: "uint8",
+    }
+_SUPPORTED = ", ".join(DTYPES)
+
+
+@dataclass
+class Buffer:
+    obj: object          # what the user passed; collectives return it
+    flat: np.ndarray     # flat view of obj's memory in its storage dtype
+    dtype: DType
+    kind: str            # "torch" or "numpy"
+    device: str          # "cpu" or "cuda"
+
+    @property
+    def numel(self) -> int:
+        return self.flat.size
+
+    @property
+    def nbytes(self) -> int:
+        return self.flat.nbytes
+
+
+def is_torch(x) -> bool:
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def as_buffer(x, collective: str, argument: str) -> Buffer:
+    if is_torch(x):
+        return _torch_buffer(x, collective, argument)
+    if isinstance(x, np.ndarray):
+        return _numpy_buffer(x, collective, argument)
+    raise bad_type(collective, argument, "a torch.Tensor or numpy.ndarray", type(x).__name__)
+
+
+def _torch_buffer(x, collective: str, argument: str) -> Buffer:
+    name = _TORCH_TO_NAME.get(x.dtype)
+    if name is None:
+        raise bad_type(collective, argument, f"a tensor of dtype {_SUPPORTED}", f"dtype {x.dtype}")
+    if not x.is_contiguous():
+        raise bad_value(collective, argument, "a contiguous tensor (call .contiguous() first)",
+                        f"a non-contiguous tensor with strides {tuple(x.stride())}")
+    if x.device.type != "cpu":
+        raise bad_value(collective, argument, "a CPU tensor for this backend", f"a tensor on {x.device}")
+    t = x.detach().reshape(-1)
+    flat = t.view(torch.int16).numpy().view(np.uint16) if name == "bfloat16" else t.numpy()
+    return Buffer(x, flat, DTYPES[name], "torch", "cpu")
+
+
+def _numpy_buffer(x: np.ndarray, collective: str, argument: str) -> Buffer:
+    name = x.dtype.name
+    if name not in DTYPES or name == "bfloat16" or x.dtype.byteorder == ">":
+        raise bad_type(collective, argument, f"an array of dtype {_SUPPORTED.replace('bfloat16, ', '')}",
+                       f"dtype {x.dtype}")
+    if not x.flags.c_contiguous:
+        raise bad_value(collective, argument, "a C-contiguous array (use np.ascontiguousarray)",
+                        f"a non-contiguous array with strides {x.strides}")
+    if not x.flags.writeable:
+        raise bad_value(collective, argument, "a writable array", "a read-only array")
+    return Buffer(x, x.reshape(-1), DTYPES[name], "numpy", "cpu")
+
+
+def check_pair(collective: str, out: Buffer, x: Buffer, out_numel: int) -> None:
+    """The rules for collectives that take both ``out`` and ``x``."""
+    if out.kind != x.kind:
+        raise bad_type(collective, "out", f"the same array type as x ({x.kind})", out.kind)
+    if out.dtype is not x.dtype:
+        raise bad_type(collective, "out", f"dtype {x.dtype.name} like x", f"dtype {out.dtype.name}")
+    if out.numel != out_numel:
+        raise bad_value(collective, "out", f"{out_numel} elements", f"{out.numel} elements")
+
+
+def shares_memory(a: Buffer, b: Buffer) -> bool:
+    return np.shares_memory(a.flat, b.flat)

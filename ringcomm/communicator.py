@@ -1,0 +1,239 @@
+"""The Communicator: the public collectives, validated here and run over one transport.
+
+One call flows: validate arguments (raise before any byte moves) -> take the next sequence
+number -> choose an algorithm (forced name, or the selector's cost model) -> fetch the rank's
+cached program -> stage the work array with the transport -> execute the program -> finish
+(avg divides, reduce_scatter copies its chunk out). Async calls queue the same job on the
+communicator's progress thread; jobs always run in issue order, sync or async.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Callable, Optional
+
+import numpy as np
+
+from . import algorithms, executor
+from .buffers import Buffer, as_buffer, check_pair
+from .errors import CommError, bad_type, bad_value
+from .ops import ReduceOp, divide_by_size, parse_op, reducer
+from .schedule import DEFAULT_SEGMENT_BYTES, chunk
+from .selector import Selector
+from .transport.base import Transport
+from .work import Work
+
+DEFAULT_TIMEOUT = 300.0
+
+
+class Communicator:
+    backend = "ringcomm"
+
+    def __init__(self, transport: Transport, *, timeout: Optional[float] = DEFAULT_TIMEOUT,
+                 selector: Optional[Selector] = None, local_rank: Optional[int] = None,
+                 local_size: Optional[int] = None, node_count: int = 1):
+        self.transport = transport
+        self.rank, self.size = transport.rank, transport.size
+        self.local_rank = self.rank if local_rank is None else local_rank
+        self.local_size = self.size if local_size is None else local_size
+        self.node_count = node_count
+        self.timeout = timeout
+        self.selector = selector or Selector()
+        self._seq = 0
+        self._broken: Optional[BaseException] = None
+        self._state = threading.Lock()     # guards _seq, _outstanding, the queue
+        self._exec = threading.Lock()      # held while a collective moves data
+        self._outstanding = 0
+        self._queue: collections.deque = collections.deque()
+        self._wake = threading.Condition(self._state)
+        self._progress: Optional[threading.Thread] = None
+        self._closed = False
+
+    # ---- public collectives -------------------------------------------------------------
+    def all_reduce(self, x, op="sum", *, algorithm=None, async_op=False):
+        name = "all_reduce"
+        buf = as_buffer(x, name, "x")
+        op = self._check_op(name, op, buf)
+        algorithm = self._check_algorithm(name, algorithm)
+
+        def job(seq):
+            self._run(name, algorithm, buf.flat, buf, seq, op=op)
+            if op is ReduceOp.AVG:
+                divide_by_size(buf.flat, buf.dtype, self.size)
+            return x
+        return self._submit(name, job, async_op)
+
+    def broadcast(self, x, root=0, *, algorithm=None, async_op=False):
+        name = "broadcast"
+        buf = as_buffer(x, name, "x")
+        root = self._check_root(name, root)
+        algorithm = self._check_algorithm(name, algorithm)
+
+        def job(seq):
+            self._run(name, algorithm, buf.flat, buf, seq, root=root)
+            return x
+        return self._submit(name, job, async_op)
+
+    def reduce(self, x, root=0, op="sum", *, algorithm=None, async_op=False):
+        name = "reduce"
+        buf = as_buffer(x, name, "x")
+        root = self._check_root(name, root)
+        op = self._check_op(name, op, buf)
+        algorithm = self._check_algorithm(name, algorithm)
+
+        def job(seq):
+            # Non-roots reduce in a copy: like MPI_Reduce, their input stays as it was.
+            work = buf.flat if self.rank == root else buf.flat.copy()
+            self._run(name, algorithm, work, buf, seq, op=op, root=root)
+            if self.rank == root and op is ReduceOp.AVG:
+                divide_by_size(work, buf.dtype, self.size)
+            return x
+        return self._submit(name, job, async_op)
+
+    def all_gather(self, out, x, *, algorithm=None, async_op=False):
+        name = "all_gather"
+        xb, ob = as_buffer(x, name, "x"), as_buffer(out, name, "out")
+        check_pair(name, ob, xb, self.size * xb.numel)
+        algorithm = self._check_algorithm(name, algorithm)
+
+        def job(seq):
+            off, n = chunk(ob.numel, self.size, self.rank)
+            own = ob.flat[off:off + n]
+            if own.ctypes.data != xb.flat.ctypes.data:   # skip the copy when x is out's own chunk
+                own[...] = xb.flat
+            self._run(name, algorithm, ob.flat, ob, seq)
+            return out
+        return self._submit(name, job, async_op)
+
+    def reduce_scatter(self, out, x, op="sum", *, algorithm=None, async_op=False):
+        name = "reduce_scatter"
+        xb, ob = as_buffer(x, name, "x"), as_buffer(out, name, "out")
+        check_pair(name, ob, xb, xb.numel // self.size if xb.numel % self.size == 0 else -1)
+        op = self._check_op(name, op, xb)
+        algorithm = self._check_algorithm(name, algorithm)
+
+        def job(seq):
+            work = xb.flat.copy()   # the input is left untouched, as in torch and MPI
+            self._run(name, algorithm, work, xb, seq, op=op)
+            off, n = chunk(work.size, self.size, self.rank)
+            ob.flat[...] = work[off:off + n]
+            if op is ReduceOp.AVG:
+                divide_by_size(ob.flat, ob.dtype, self.size)
+            return out
+        return self._submit(name, job, async_op)
+
+    def barrier(self, *, algorithm=None, async_op=False):
+        name = "barrier"
+        algorithm = self._check_algorithm(name, algorithm)
+        empty = np.empty(0, np.uint8)
+
+        def job(seq):
+            self._run(name, algorithm, empty, None, seq)
+        return self._submit(name, job, async_op)
+
+    # ---- lifecycle ------------------------------------------------------------------------
+    def abort(self, reason: str = "aborted by the user") -> None:
+        err = CommError(reason)
+        self._broken = self._broken or err
+        self.transport.abort(err)
+        self.close()
+
+    def close(self) -> None:
+        with self._state:
+            self._closed = True
+            self._wake.notify_all()
+        if self._progress is not None and self._progress is not threading.current_thread():
+            self._progress.join(timeout=5)
+
+    def __repr__(self) -> str:
+        return f"<ringcomm.Communicator backend={self.backend} rank={self.rank} size={self.size}>"
+
+    # ---- argument checks (calling rank, before any communication) ---------------------------
+    def _check_op(self, name: str, op, buf: Buffer) -> ReduceOp:
+        op = parse_op(op, name)
+        if op is ReduceOp.AVG and not buf.dtype.is_float:
+            raise bad_value(name, "op", f"sum, prod, min or max for integer dtype {buf.dtype.name}", "avg")
+        return op
+
+    def _check_root(self, name: str, root) -> int:
+        if isinstance(root, bool) or not isinstance(root, (int, np.integer)):
+            raise bad_type(name, "root", "an int", type(root).__name__)
+        if not 0 <= root < self.size:
+            raise bad_value(name, "root", f"a rank in [0, {self.size - 1}]", int(root))
+        return int(root)
+
+    def _check_algorithm(self, name: str, algorithm) -> Optional[str]:
+        if algorithm is None:
+            return None
+        if not isinstance(algorithm, str):
+            raise bad_type(name, "algorithm", "a str or None", type(algorithm).__name__)
+        algorithms.get(name, algorithm)
+        return algorithm
+
+    # ---- execution ----------------------------------------------------------------------------
+    def _run(self, name: str, algorithm: Optional[str], work: np.ndarray, buf: Optional[Buffer],
+             seq: int, *, op: Optional[ReduceOp] = None, root: int = 0) -> None:
+        itemsize = work.itemsize if buf is None else buf.dtype.itemsize
+        algorithm = algorithm or self.selector.choose(name, work.size * itemsize, self.size)
+        seg = max(1, DEFAULT_SEGMENT_BYTES // itemsize)
+        program = algorithms.plan(name, algorithm, self.rank, self.size, work.size, root, seg)
+        if not program:
+            return
+        what = f"{name} #{seq} ({algorithm}, {work.size} x {buf.dtype.name if buf else 'bytes'})"
+        reduce = None if op is None else reducer(op, buf.dtype)
+        with self.transport.stage(work) as staged:
+            executor.run(program, self.transport, staged, reduce, seq=seq, timeout=self.timeout, what=what)
+
+    def _submit(self, name: str, job: Callable, async_op: bool):
+        with self._state:
+            if self._broken is not None:
+                raise CommError(f"{name}: communicator is unusable after an earlier failure: "
+                                f"{self._broken}") from self._broken
+            seq = self._seq
+            self._seq += 1
+            inline = not async_op and self._outstanding == 0
+            self._outstanding += 1
+            if not inline:
+                work = Work(f"{name} #{seq} on rank {self.rank}")
+                self._queue.append((seq, job, work))
+                self._ensure_progress_thread()
+                self._wake.notify()
+        if inline:
+            try:
+                with self._exec:
+                    return self._execute(seq, job)
+            finally:
+                with self._state:
+                    self._outstanding -= 1
+        return work if async_op else work.wait()
+
+    def _execute(self, seq: int, job: Callable):
+        try:
+            return job(seq)
+        except CommError as err:
+            self._broken = self._broken or err
+            raise
+
+    def _ensure_progress_thread(self) -> None:
+        if self._progress is None:
+            self._progress = threading.Thread(target=self._progress_loop, daemon=True,
+                                              name=f"ringcomm-progress-{self.rank}")
+            self._progress.start()
+
+    def _progress_loop(self) -> None:
+        while True:
+            with self._state:
+                while not self._queue and not self._closed:
+                    self._wake.wait()
+                if not self._queue:
+                    return
+                seq, job, work = self._queue.popleft()
+            result, error = None, None
+            try:
+                with self._exec:
+                    result = self._execute(seq, job)
+            except BaseException as err:  # surfaced to the caller through Work.wait()
+                error = err
+            with self._state:
+                self._outstanding -= 1
+            work._finish(result, error)

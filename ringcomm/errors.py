@@ -1,0 +1,45 @@
+"""One small hierarchy: misuse (raised before any byte moves) versus communication failure.
+
+Misuse errors subclass ValueError/TypeError so that callers who already catch those keep working;
+communication errors all derive from CommError so that a training loop can catch one type.
+"""
+
+
+class RingcommError(Exception):
+    """Base of every error ringcomm raises on purpose."""
+
+
+class UsageError(RingcommError, ValueError):
+    """An argument has the right type but a bad value (unknown op, root out of range, wrong size)."""
+
+
+class ArgumentTypeError(RingcommError, TypeError):
+    """An argument has the wrong type (numpy where torch was given, unsupported dtype, ...)."""
+
+
+class CommError(RingcommError):
+    """A collective could not complete: timeout, mismatch across ranks, lost peer."""
+
+
+class CommTimeoutError(CommError, TimeoutError):
+    """A wait ran past its deadline; the message names the operation, sequence number and peer."""
+
+
+class MismatchError(CommError):
+    """Ranks entered the same collective with different arguments (count, dtype, op, root)."""
+
+
+class PeerAbortedError(CommError):
+    """Another rank failed or aborted the job; this rank was released instead of hanging."""
+
+
+def bad_value(collective: str, argument: str, expected: str, got) -> UsageError:
+    return UsageError(
+        f'{collective} got unexpected value for argument "{argument}" (expected {expected}, got {got!r})'
+    )
+
+
+def bad_type(collective: str, argument: str, expected: str, got) -> ArgumentTypeError:
+    return ArgumentTypeError(
+        f'{collective} got unexpected type for argument "{argument}" (expected {expected}, got {got})'
+    )

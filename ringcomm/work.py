@@ -1,0 +1,40 @@
+"""Handles for asynchronous collectives."""
+from __future__ import annotations
+
+import threading
+from typing import Optional
+
+from .errors import CommTimeoutError
+
+
+class Work:
+    """The result of ``async_op=True``: ``wait()`` returns the output buffer or raises its error."""
+
+    __slots__ = ("description", "_done", "_result", "_error")
+
+    def __init__(self, description: str):
+        self.description = description
+        self._done = threading.Event()
+        self._result = None
+        self._error: Optional[BaseException] = None
+
+    def wait(self, timeout: Optional[float] = None):
+        if not self._done.wait(timeout):
+            raise CommTimeoutError(f"{self.description}: not complete after waiting {timeout:g} s")
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def is_completed(self) -> bool:
+        return self._done.is_set()
+
+    def exception(self) -> Optional[BaseException]:
+        return self._error if self._done.is_set() else None
+
+    def _finish(self, result=None, error: Optional[BaseException] = None) -> None:
+        self._result, self._error = result, error
+        self._done.set()
+
+    def __repr__(self) -> str:
+        state = "done" if self.is_completed() else "pending"
+        return f"<Work {self.description} {state}>"
