@@ -31,12 +31,13 @@ class Communicator:
 
     def __init__(self, transport: Transport, *, timeout: Optional[float] = DEFAULT_TIMEOUT,
                  selector: Optional[Selector] = None, local_rank: Optional[int] = None,
-                 local_size: Optional[int] = None, node_count: int = 1):
+                 local_size: Optional[int] = None, node_count: int = 1, topology=None):
         self.transport = transport
         self.rank, self.size = transport.rank, transport.size
         self.local_rank = self.rank if local_rank is None else local_rank
         self.local_size = self.size if local_size is None else local_size
         self.node_count = node_count
+        self.topology = topology   # ringcomm.topology.Topology, when known
         self.timeout = timeout
         self.selector = selector or Selector()
         self._seq = 0
@@ -57,7 +58,7 @@ class Communicator:
         algorithm = self._check_algorithm(name, algorithm)
 
         def job(seq):
-            self._run(name, algorithm, buf.flat, buf, seq, op=op)
+            self._collective(name, algorithm, buf.flat, buf, seq, op=op)
             if op is ReduceOp.AVG:
                 divide_by_size(buf.flat, buf.dtype, self.size)
             return x
@@ -70,7 +71,7 @@ class Communicator:
         algorithm = self._check_algorithm(name, algorithm)
 
         def job(seq):
-            self._run(name, algorithm, buf.flat, buf, seq, root=root)
+            self._collective(name, algorithm, buf.flat, buf, seq, root=root)
             return x
         return self._submit(name, job, async_op)
 
@@ -84,7 +85,7 @@ class Communicator:
         def job(seq):
             # Non-roots reduce in a copy: like MPI_Reduce, their input stays as it was.
             work = buf.flat if self.rank == root else buf.flat.copy()
-            self._run(name, algorithm, work, buf, seq, op=op, root=root)
+            self._collective(name, algorithm, work, buf, seq, op=op, root=root)
             if self.rank == root and op is ReduceOp.AVG:
                 divide_by_size(work, buf.dtype, self.size)
             return x
@@ -101,7 +102,7 @@ class Communicator:
             own = ob.flat[off:off + n]
             if own.ctypes.data != xb.flat.ctypes.data:   # skip the copy when x is out's own chunk
                 own[...] = xb.flat
-            self._run(name, algorithm, ob.flat, ob, seq)
+            self._collective(name, algorithm, ob.flat, ob, seq)
             return out
         return self._submit(name, job, async_op)
 
@@ -114,7 +115,7 @@ class Communicator:
 
         def job(seq):
             work = xb.flat.copy()   # the input is left untouched, as in torch and MPI
-            self._run(name, algorithm, work, xb, seq, op=op)
+            self._collective(name, algorithm, work, xb, seq, op=op)
             off, n = chunk(work.size, self.size, self.rank)
             ob.flat[...] = work[off:off + n]
             if op is ReduceOp.AVG:
@@ -128,7 +129,7 @@ class Communicator:
         empty = np.empty(0, np.uint8)
 
         def job(seq):
-            self._run(name, algorithm, empty, None, seq)
+            self._collective(name, algorithm, empty, None, seq)
         return self._submit(name, job, async_op)
 
     # ---- lifecycle ------------------------------------------------------------------------

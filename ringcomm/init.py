@@ -21,4 +21,5 @@ def init(backend: Optional[str] = None, *, timeout: Optional[float] = None) -> C
     world = MPI.COMM_WORLD.Dup()
     topology = discover(world)
     return Communicator(factory.build(world, topology), timeout=timeout, local_rank=topology.local_rank,
-                        local_size=topology.local_size, node_count=topology.node_count)
+                        local_size=topology.local_size, node_count=topology.node_count,
+                        topology=topology)

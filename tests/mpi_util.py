@@ -1,0 +1,41 @@
+"""Launch real ``mpirun`` jobs from pytest, the way users launch ringcomm."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+JOBS = Path(__file__).resolve().parent / "mpi_jobs"
+
+
+def mpirun_path() -> str:
+    candidate = Path(sys.executable).parent / "mpirun"
+    return str(candidate) if candidate.exists() else "mpirun"
+
+
+def run_mpi(n: int, script, *args, env: dict | None = None, timeout: float = 180,
+            check: bool = True) -> subprocess.CompletedProcess:
+    """Run ``mpirun -n n python script args`` and return the finished process.
+
+    ``script`` is a path or a file name under tests/mpi_jobs. With ``check`` a non-zero exit
+    fails the test and shows both streams.
+    """
+    path = Path(script)
+    if not path.is_absolute():
+        path = JOBS / path
+    full_env = dict(os.environ)
+    full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), full_env.get("PYTHONPATH")]))
+    full_env.setdefault("RINGCOMM_TIMEOUT", "60")
+    full_env.update(env or {})
+    cmd = [mpirun_path(), "-n", str(n), sys.executable, str(path), *map(str, args)]
+    try:
+        proc = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"{' '.join(cmd)} did not finish in {timeout} s\nstdout:\n{exc.stdout}\nstderr:\n{exc.stderr}")
+    if check and proc.returncode != 0:
+        pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+    return proc
