@@ -172,8 +172,17 @@ class Communicator:
         return algorithm
 
     # ---- execution ----------------------------------------------------------------------------
-    def _run(self, name: str, algorithm: Optional[str], work: np.ndarray, buf: Optional[Buffer],
-             seq: int, *, op: Optional[ReduceOp] = None, root: int = 0) -> None:
+    def _collective(self, name: str, algorithm: Optional[str], work: np.ndarray, buf: Optional[Buffer],
+                    seq: int, *, op: Optional[ReduceOp] = None, root: int = 0) -> None:
+        """Run collective ``name`` in place on the flat array ``work``: the backend seam.
+
+        Semantics per collective (W = work): all_reduce, every rank's W becomes the reduction;
+        broadcast, W becomes root's W; reduce, root's W becomes the reduction (other ranks' W is a
+        scratch copy); all_gather, W holds size chunks, rank r's already filled, and all become
+        filled; reduce_scatter, chunk r of rank r's W becomes the reduction of everyone's chunk r;
+        barrier, W is empty. For ``op`` AVG, reduce as a sum: the callers divide afterwards.
+        Reference backends (MPI, gloo, NCCL) override this method and nothing else.
+        """
         itemsize = work.itemsize if buf is None else buf.dtype.itemsize
         algorithm = algorithm or self.selector.choose(name, work.size * itemsize, self.size)
         seg = max(1, DEFAULT_SEGMENT_BYTES // itemsize)
