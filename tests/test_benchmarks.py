@@ -1,0 +1,111 @@
+"""benchmarks/allreduce_perf.py: its arithmetic, its correctness check, and one tiny real sweep."""
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mpi_util import ROOT, run_mpi
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import allreduce_perf as perf  # noqa: E402
+
+TOOL = ROOT / "benchmarks" / "allreduce_perf.py"
+
+
+@pytest.mark.parametrize("n, all_reduce, gather", [(1, 0.0, 0.0), (2, 1.0, 0.5), (4, 1.5, 0.75), (8, 1.75, 0.875)])
+def test_bus_factor_is_the_nccl_tests_factor(n, all_reduce, gather):
+    assert perf.bus_factor("all_reduce", n) == all_reduce
+    assert perf.bus_factor("all_gather", n) == gather
+    assert perf.bus_factor("reduce_scatter", n) == gather
+    assert perf.bus_factor("broadcast", n) == 1.0
+
+
+def test_bus_factor_rejects_unknown_collective():
+    with pytest.raises(ValueError, match="collective"):
+        perf.bus_factor("alltoall", 2)
+
+
+@pytest.mark.parametrize("text, nbytes", [("8", 8), ("1K", 1024), ("64M", 64 << 20), ("1G", 1 << 30),
+                                          ("256MiB", 256 << 20), ("1.5K", 1536)])
+def test_parse_size(text, nbytes):
+    assert perf.parse_size(text) == nbytes
+
+
+@pytest.mark.parametrize("text", ["", "abc", "0", "1.3"])
+def test_parse_size_rejects(text):
+    with pytest.raises(Exception, match="expected"):
+        perf.parse_size(text)
+
+
+def test_sweep_multiplies_or_steps():
+    assert perf.sweep(8, 64, 2) == [8, 16, 32, 64]
+    assert perf.sweep(100, 400, 1, 100) == [100, 200, 300, 400]
+    with pytest.raises(ValueError):
+        perf.sweep(8, 64, 1)
+
+
+def test_split_collectives_round_down_to_a_multiple_of_ranks():
+    assert perf.elements("all_gather", 1024, 4, 3) == 255
+    assert perf.elements("all_reduce", 1024, 4, 3) == 256
+
+
+@pytest.mark.parametrize("collective", perf.COLLECTIVES)
+def test_the_check_counts_unfinished_results_as_wrong(collective):
+    """Without any communication, rank 1's buffers are not the expected result: the check must say so."""
+    case = perf.Case(collective, 12, np.dtype(np.float32), rank=1, n=2)
+    case.fill()
+    assert case.wrong() > 0
+
+
+def _rows_by_label(rows):
+    return {(r["collective"], int(r["size"]), r["backend"], r["algorithm"]): r for r in rows}
+
+
+@pytest.mark.mpi
+def test_tiny_sweep_under_mpirun(tmp_path):
+    out_csv, out_json = tmp_path / "r.csv", tmp_path / "r.json"
+    proc = run_mpi(2, TOOL, "-b", "1K", "-e", "64K", "-f", "8", "-w", "1", "-n", "2",
+                   "--backend", "ringcomm,mpi4py,nosuchbackend",
+                   "--collective", "all_reduce,all_gather,reduce_scatter,broadcast",
+                   "--csv", out_csv, "--json", out_json, timeout=120)
+    assert "backend nosuchbackend unavailable:" in proc.stdout
+    assert "out of bounds values: 0 OK" in proc.stdout
+    data = json.loads(out_json.read_text())
+    rows = data["rows"]
+    with open(out_csv) as f:
+        csv_rows = list(csv.DictReader(f))
+    assert len(csv_rows) == len(rows)
+    assert _rows_by_label(csv_rows).keys() == _rows_by_label(rows).keys()
+    sizes = {1024, 8192, 65536}
+    for collective in perf.COLLECTIVES:
+        mine = [r for r in rows if r["collective"] == collective]
+        # all_gather and reduce_scatter round each size down to a multiple of the 2 ranks: same sizes
+        assert {r["size"] for r in mine} == sizes, collective
+        labels = {(r["backend"], r["algorithm"]) for r in mine}
+        assert {("floor", "x+=y"), ("ringcomm", "auto"), ("mpi4py", "native")} <= labels
+    for r in rows:
+        assert r["wrong"] == 0, r
+        assert r["ranks"] == 2 and r["time_us"] > 0
+        assert r["algbw_gbs"] == pytest.approx(r["size"] / r["time_us"] / 1e3)
+        if r["backend"] == "floor":
+            assert r["busbw_gbs"] is None
+        else:
+            factor = perf.bus_factor(r["collective"], 2)
+            assert r["busbw_gbs"] == pytest.approx(r["algbw_gbs"] * factor)
+    auto = [r for r in rows if r["algorithm"] == "auto"]
+    assert all(r["chosen"] for r in auto)
+    assert data["meta"]["ranks"] == 2
+
+
+@pytest.mark.mpi
+def test_plot_writes_a_png(tmp_path):
+    pytest.importorskip("matplotlib", reason="the plot extra (matplotlib) is not installed")
+    png = tmp_path / "busbw.png"
+    run_mpi(2, TOOL, "-b", "1K", "-e", "4K", "-f", "4", "-w", "0", "-n", "1", "--algorithm", "auto",
+            "--plot", png, "--no-progress", timeout=120)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
