@@ -70,9 +70,13 @@ def _torch_buffer(x, collective: str, argument: str) -> Buffer:
     return Buffer(x, flat, DTYPES[name], "torch", "cpu")
 
 
+# Keyed by numpy dtype (native byte order only): ``x.dtype.name`` costs ~2 us a call, a dict hit 0.1.
+_NUMPY_DTYPES = {d.storage: d for name, d in DTYPES.items() if name != "bfloat16"}
+
+
 def _numpy_buffer(x: np.ndarray, collective: str, argument: str) -> Buffer:
-    name = x.dtype.name
-    if name not in DTYPES or name == "bfloat16" or x.dtype.byteorder == ">":
+    dtype = _NUMPY_DTYPES.get(x.dtype)
+    if dtype is None or x.dtype.byteorder == ">":
         raise bad_type(collective, argument, f"an array of dtype {_SUPPORTED.replace('bfloat16, ', '')}",
                        f"dtype {x.dtype}")
     if not x.flags.c_contiguous:
@@ -80,7 +84,7 @@ def _numpy_buffer(x: np.ndarray, collective: str, argument: str) -> Buffer:
                         f"a non-contiguous array with strides {x.strides}")
     if not x.flags.writeable:
         raise bad_value(collective, argument, "a writable array", "a read-only array")
-    return Buffer(x, x.reshape(-1), DTYPES[name], "numpy", "cpu")
+    return Buffer(x, x.reshape(-1), dtype, "numpy", "cpu")
 
 
 def check_pair(collective: str, out: Buffer, x: Buffer, out_numel: int) -> None:
