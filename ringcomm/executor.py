@@ -81,6 +81,15 @@ def run(compiled, transport: Transport, work: np.ndarray, reduce: Optional[Reduc
         return
     base = tag_base(seq)
     deadline = None if timeout is None else time.monotonic() + timeout
+    if len(compiled) == 1:   # the common case, without the multi-lane bookkeeping (~1.5 us a call)
+        lane = compiled[0]
+        scratch = np.empty(max(n for *_, n in lane), dtype=work.dtype)
+        for k, (step, late_reduce, _) in enumerate(lane):
+            posted = _Step(step, late_reduce, transport, work, scratch, reduce, base)
+            if not posted.advance(None if deadline is None else max(0.0, deadline - time.monotonic())):
+                _timeout(what, transport.rank, timeout, posted.blocking_op(), k, len(lane))
+            posted.finish(reduce)
+        return
     scratch = [np.empty(max(n for *_, n in lane), dtype=work.dtype) for lane in compiled]
     position = [0] * len(compiled)
     posted: list = [None] * len(compiled)
