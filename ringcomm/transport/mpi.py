@@ -52,6 +52,8 @@ class MPIRequest(Request):
         return self._done
 
     def wait(self, timeout: Optional[float]) -> bool:
+        if self._done or self.test():   # small messages are usually done: skip the polling setup
+            return True
         return wait_polling(self.test, timeout, self._transport.aborted_reason)
 
 
@@ -59,13 +61,15 @@ class MPITransport(Transport):
     name = "mpi"
 
     def __init__(self, comm):
+        from mpi4py import MPI
         self.comm = comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self._aborted: Optional[str] = None
+        self._byte = MPI.BYTE
 
-    @staticmethod
-    def _bytes(buf: np.ndarray):
-        return buf.view(np.uint8).reshape(-1) if buf.size else np.empty(0, np.uint8)
+    def _bytes(self, buf: np.ndarray):
+        # [buf, BYTE] instead of a uint8 view: mpi4py takes ~2 us longer per call to parse a view.
+        return [buf, self._byte]
 
     def isend(self, buf, peer, tag):
         return MPIRequest(self.comm.Isend(self._bytes(buf), dest=peer, tag=tag), self)
