@@ -63,9 +63,10 @@ def wrap(impl: str, net, world):
                                 rank=world.Get_rank(), world_size=world.Get_size())
     else:   # torch-ringcomm
         import ringcomm
-        if not hasattr(ringcomm, "init_process_group"):
-            raise RuntimeError("ringcomm.init_process_group does not exist in this checkout")
-        ringcomm.init_process_group()
+        init_pg = getattr(ringcomm, "init_process_group", None)
+        if init_pg is None:
+            from ringcomm.torch_backend import init_process_group as init_pg
+        init_pg()
     return torch.nn.parallel.DistributedDataParallel(net), lambda t: dist.all_reduce(t)
 
 
