@@ -356,6 +356,49 @@ def summary(rows: list[Row]) -> list[str]:
     return lines
 
 
+# The project's stated targets (issue 5): 2 ranks, float32 all_reduce, measured side by side.
+TARGETS = (
+    # (size, what, reference backend, check(auto, ref) -> ratio, the bound, "ratio >= bound"?)
+    (64 << 20, "busbw vs {ref}", "mpi", lambda a, r: a.busbw_gbs / r.busbw_gbs, 2.5, True),
+    (64 << 20, "busbw vs {ref}", "mpi4py", lambda a, r: a.busbw_gbs / r.busbw_gbs, 2.5, True),
+    (64 << 20, "busbw vs {ref}", "gloo", lambda a, r: a.busbw_gbs / r.busbw_gbs, 3.0, True),
+    (64 << 20, "time vs the x+=y {ref}", "floor", lambda a, r: a.time_us / r.time_us, 2.5, False),
+    (1 << 10, "latency vs {ref}", "mpi", lambda a, r: a.time_us / r.time_us, 2.0, False),
+    (1 << 10, "latency vs {ref}", "mpi4py", lambda a, r: a.time_us / r.time_us, 2.0, False),
+)
+
+
+def target_lines(rows: list[Row]) -> list[str]:
+    """Each target that this run measured, met or missed; auto against its slowest forced algorithm."""
+    lines = []
+    ar = [r for r in rows if r.collective == "all_reduce" and r.dtype == "float32"]
+    if not ar or ar[0].ranks != 2:
+        return lines
+    pick = {(r.size, r.backend, r.algorithm): r for r in ar}
+    for size, what, ref, ratio, bound, at_least in TARGETS:
+        auto = pick.get((size, "ringcomm", "auto"))
+        other = next((r for (s, b, _), r in pick.items() if s == size and b == ref), None)
+        if auto is None or other is None:
+            continue
+        x = ratio(auto, other)
+        met = x >= bound if at_least else x <= bound
+        lines.append(f"{format_size(size):>4} {what.format(ref=ref):<28} x{x:6.2f} "
+                     f"(target {'>=' if at_least else '<='} {bound}): {'met' if met else 'MISSED'}")
+    worst = None
+    for size in sorted({r.size for r in ar}):
+        auto = pick.get((size, "ringcomm", "auto"))
+        forced = [r for (s, b, a), r in pick.items() if s == size and b == "ringcomm" and a != "auto"]
+        if auto is None or len(forced) < 2:
+            continue
+        x = auto.time_us / max(r.time_us for r in forced)
+        worst = max(worst or (0.0, 0), (x, size))
+    if worst is not None:
+        x, size = worst
+        lines.append(f"auto / slowest forced, worst size ({format_size(size)}) x{x:6.2f} (target <= 1): "
+                     f"{'met' if x <= 1 else 'MISSED'}")
+    return lines
+
+
 class Progress:
     """A one-line progress bar on stderr (rank 0 only)."""
 
@@ -503,6 +546,11 @@ def main(argv=None) -> int:
     if lines:
         say("\n# ringcomm auto against the others")
         for line in lines:
+            say(f"# {line}")
+    targets = target_lines(rows)
+    if targets:
+        say("\n# targets (issue 5) measured in this run")
+        for line in targets:
             say(f"# {line}")
     total_wrong = sum(r.wrong for r in rows)
     say(f"\n# out of bounds values: {total_wrong} {'OK' if total_wrong == 0 else 'FAILED'}")

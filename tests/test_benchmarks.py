@@ -159,3 +159,24 @@ def test_ddp_scaling_runs_both_implementations(tmp_path):
         assert 0.0 <= results[("ringcomm", 2)]["hidden"] <= 1.0
     else:   # until the ddp package lands the row must say why it is missing, not vanish
         assert "DistributedDataParallel" in results[("ringcomm", 2)]["error"]
+
+
+def _row(size, backend, algorithm, time_us, factor=1.0):
+    bw = size / time_us / 1e3
+    return perf.Row("all_reduce", size, size // 4, "float32", 2, backend, algorithm, "", time_us, bw,
+                    bw * factor, 0, 1.0)
+
+
+def test_targets_are_judged_from_the_rows():
+    rows = [_row(64 << 20, "floor", "x+=y", 10_000.0), _row(64 << 20, "ringcomm", "auto", 20_000.0),
+            _row(64 << 20, "ringcomm", "ring", 20_000.0), _row(64 << 20, "ringcomm", "tree", 30_000.0),
+            _row(64 << 20, "mpi", "native", 40_000.0), _row(64 << 20, "gloo", "native", 70_000.0),
+            _row(1024, "ringcomm", "auto", 30.0), _row(1024, "ringcomm", "ring", 20.0),
+            _row(1024, "ringcomm", "tree", 25.0), _row(1024, "mpi", "native", 10.0)]
+    lines = perf.target_lines(rows)
+    text = "\n".join(lines)
+    assert "64M busbw vs mpi" in text and "x  2.00 (target >= 2.5): MISSED" in lines[0]
+    assert "busbw vs gloo" in lines[1] and "x  3.50" in lines[1] and lines[1].endswith("met")
+    assert "x+=y floor" in lines[2] and "x  2.00" in lines[2] and lines[2].endswith("met")
+    assert "1K latency vs mpi" in lines[3] and "x  3.00" in lines[3] and lines[3].endswith("MISSED")
+    assert "worst size (1K) x  1.20" in lines[4] and lines[4].endswith("MISSED")
