@@ -106,18 +106,29 @@ class Case:
     dtype: np.dtype
     rank: int
     n: int
+    arena: Optional[np.ndarray] = None   # uint8 memory to carve the buffers from (else np.empty)
     x: np.ndarray = field(init=False)
     out: Optional[np.ndarray] = field(init=False, default=None)
 
     def __post_init__(self):
         c = self.collective
         per = self.count // self.n
+        used = 0
+
+        def empty(k: int) -> np.ndarray:
+            nonlocal used
+            if self.arena is None:
+                return np.empty(k, self.dtype)
+            nbytes = k * self.dtype.itemsize
+            view = self.arena[used:used + nbytes].view(self.dtype)
+            used += -(-nbytes // 64) * 64
+            return view
         if c == "all_gather":
-            self.x, self.out = np.empty(per, self.dtype), np.empty(self.count, self.dtype)
+            self.x, self.out = empty(per), empty(self.count)
         elif c == "reduce_scatter":
-            self.x, self.out = np.empty(self.count, self.dtype), np.empty(per, self.dtype)
+            self.x, self.out = empty(self.count), empty(per)
         else:
-            self.x = np.empty(self.count, self.dtype)
+            self.x = empty(self.count)
 
     def fill(self) -> None:
         c, r = self.collective, self.rank
@@ -198,6 +209,7 @@ class Config:
     algorithm: str          # "auto", a forced ringcomm algorithm, or "native" for other backends
     call_for: Callable      # collective -> call(case)
     chooser: Optional[Callable] = None   # (collective, nbytes) -> the algorithm auto picks
+    arena: Optional[np.ndarray] = None   # the buffers live here (transport memory), not np.empty
 
     @property
     def label(self) -> str:
@@ -223,6 +235,16 @@ def build_configs(args, world) -> tuple[list[Config], list[str]]:
             forced = None if algorithm == "auto" else algorithm
             configs.append(Config(backend, algorithm, lambda c, m=comm, a=forced: ringcomm_call(m, c, a),
                                   (lambda c, b, m=comm: m.selector.choose(c, b, m.size)) if forced is None else None))
+        if args.transport_buffers:
+            allocate = getattr(comm.transport, "allocate", None)
+            if allocate is None:
+                notes.append(f"backend {backend}: --transport-buffers skipped: its transport "
+                             f"{comm.transport.name} has no allocate()")
+                continue
+            # Room for the largest case (all_gather: x + out) in one allocation, made on every rank.
+            arena = allocate(2 * args.maxbytes + 256)
+            configs.append(Config(backend + "+tbuf", "auto", lambda c, m=comm: ringcomm_call(m, c, None),
+                                  lambda c, b, m=comm: m.selector.choose(c, b, m.size), arena))
     return configs, notes
 
 
@@ -283,26 +305,29 @@ def measure_size(world, collective, nbytes, dtype, configs, args, rank, n) -> li
     size = count * np.dtype(dtype).itemsize
     if count == 0 or (collective in ("all_gather", "reduce_scatter") and count < n):
         return []
-    case = Case(collective, count, np.dtype(dtype), rank, n)
-    calls = [(cfg, cfg.call_for(collective)) for cfg in configs]
+    plain = Case(collective, count, np.dtype(dtype), rank, n)
+    cases = {cfg.label: plain if cfg.arena is None else Case(collective, count, np.dtype(dtype), rank, n, cfg.arena)
+             for cfg in configs}
+    calls = [(cfg, cfg.call_for(collective), cases[cfg.label]) for cfg in configs]
     wrong = {}
-    for cfg, call in calls:   # correctness first, on fresh data (also the first warm-up call)
+    for cfg, call, case in calls:   # correctness first, on fresh data (also the first warm-up call)
         case.fill()
         call(case)
         wrong[cfg.label] = world.allreduce(case.wrong())
-    case.fill()
-    samples: dict[str, list[float]] = {cfg.label: [] for cfg, _ in calls}
+    for case in {id(c): c for c in cases.values()}.values():
+        case.fill()
+    samples: dict[str, list[float]] = {cfg.label: [] for cfg, *_ in calls}
     floors = []
     iters = iterations(args, size)
     for _ in range(args.rounds):
-        for cfg, call in calls:
+        for cfg, call, case in calls:
             samples[cfg.label].append(time_calls(world, lambda: call(case), args.warmup, iters))
         floors.append(floor_time(world, count, dtype, args.warmup, iters))
     floor = statistics.median(floors)
     factor = bus_factor(collective, n)
     rows = [Row(collective, size, count, dtype, n, "floor", "x+=y", "", floor * 1e6, size / floor / 1e9,
                 float("nan"), 0, 1.0, [f * 1e6 for f in floors])]
-    for cfg, _ in calls:
+    for cfg, *_ in calls:
         t = statistics.median(samples[cfg.label])
         chosen = cfg.chooser(collective, size) if cfg.chooser else ""
         rows.append(Row(collective, size, count, dtype, n, cfg.backend, cfg.algorithm, chosen, t * 1e6,
@@ -375,15 +400,17 @@ def target_lines(rows: list[Row]) -> list[str]:
     if not ar or ar[0].ranks != 2:
         return lines
     pick = {(r.size, r.backend, r.algorithm): r for r in ar}
-    for size, what, ref, ratio, bound, at_least in TARGETS:
-        auto = pick.get((size, "ringcomm", "auto"))
-        other = next((r for (s, b, _), r in pick.items() if s == size and b == ref), None)
-        if auto is None or other is None:
-            continue
-        x = ratio(auto, other)
-        met = x >= bound if at_least else x <= bound
-        lines.append(f"{format_size(size):>4} {what.format(ref=ref):<28} x{x:6.2f} "
-                     f"(target {'>=' if at_least else '<='} {bound}): {'met' if met else 'MISSED'}")
+    for subject in ("ringcomm", "ringcomm+tbuf"):
+        for size, what, ref, ratio, bound, at_least in TARGETS:
+            auto = pick.get((size, subject, "auto"))
+            other = next((r for (s, b, _), r in pick.items() if s == size and b == ref), None)
+            if auto is None or other is None:
+                continue
+            x = ratio(auto, other)
+            met = x >= bound if at_least else x <= bound
+            who = "" if subject == "ringcomm" else f"[{subject}] "
+            lines.append(f"{format_size(size):>4} {who + what.format(ref=ref):<44} x{x:6.2f} "
+                         f"(target {'>=' if at_least else '<='} {bound}): {'met' if met else 'MISSED'}")
     worst = None
     for size in sorted({r.size for r in ar}):
         auto = pick.get((size, "ringcomm", "auto"))
@@ -477,6 +504,9 @@ def parse_args(argv=None):
                    help="comma list for the ringcomm backend: auto, all, or algorithm names")
     p.add_argument("--collective", default="all_reduce", help=f"comma list of {', '.join(COLLECTIVES)}")
     p.add_argument("--csv"), p.add_argument("--json"), p.add_argument("--plot", help="PNG: busbw vs size")
+    p.add_argument("--transport-buffers", action="store_true",
+                   help="also run ringcomm/auto on buffers from comm.transport.allocate() (shared memory "
+                        "peers read in place, as DDP buckets use), labelled backend 'ringcomm+tbuf'")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     args.backends = [b.strip() for b in args.backend.split(",") if b.strip()]
