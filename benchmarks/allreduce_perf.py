@@ -344,7 +344,7 @@ def iterations(args, nbytes: int) -> int:
 
 
 # ---- output ------------------------------------------------------------------------------
-HEADER = (f"{'size':>10} {'count':>11} {'backend/algorithm':<32} {'time(us)':>11} {'algbw':>8} "
+HEADER = (f"{'size':>10} {'count':>11} {'backend/algorithm':<40} {'time(us)':>11} {'algbw':>8} "
           f"{'busbw':>8} {'xfloor':>7} {'#wrong':>7}")
 
 
@@ -352,7 +352,7 @@ def format_row(r: Row) -> str:
     label = f"{r.backend}/{r.algorithm}" + (f" ({r.chosen})" if r.chosen else "")
     busbw = "-" if r.backend == "floor" else f"{r.busbw_gbs:8.3f}"
     wrong = "-" if r.backend == "floor" else str(r.wrong)
-    return (f"{r.size:>10} {r.count:>11} {label:<32} {r.time_us:>11.1f} {r.algbw_gbs:>8.3f} "
+    return (f"{r.size:>10} {r.count:>11} {label:<40} {r.time_us:>11.1f} {r.algbw_gbs:>8.3f} "
             f"{busbw:>8} {r.x_floor:>7.2f} {wrong:>7}")
 
 
