@@ -12,7 +12,8 @@ ranks. busbw = algbw x the nccl-tests factor of the collective (``bus_factor``).
 
 Besides the backends of ``ringcomm.init`` two rows help read the others:
 - ``floor``: one local in-place ``x += y`` of the size, on every rank at once: the memory
-  bandwidth floor a reducing collective cannot beat on one node.
+  bandwidth floor a reducing collective cannot beat on one node; and ``floor/copy``, one
+  ``x[:] = y``, the price of each extra pass a transport makes over the data (staging, bounce).
 - backend ``mpi4py``: MPI's own collective called straight through mpi4py, no ringcomm in the
   path (a backend "mpi" of ringcomm.init should land close to it).
 A backend that cannot start is reported as ``backend X unavailable: <reason>`` and skipped.
@@ -277,9 +278,11 @@ def _mpi_max():
     return MPI.MAX
 
 
-def floor_time(world, count: int, dtype, warmup: int, iters: int) -> float:
+def floor_times(world, count: int, dtype, warmup: int, iters: int) -> tuple[float, float]:
+    """(x += y, x[:] = y) on every rank at once: the reduce floor, and one copy to price staging."""
     x, y = np.ones(count, dtype), np.ones(count, dtype)
-    return time_calls(world, lambda: np.add(x, y, out=x), warmup, iters)
+    add = time_calls(world, lambda: np.add(x, y, out=x), warmup, iters)
+    return add, time_calls(world, lambda: np.copyto(x, y), warmup, iters)
 
 
 @dataclass
@@ -317,16 +320,20 @@ def measure_size(world, collective, nbytes, dtype, configs, args, rank, n) -> li
     for case in {id(c): c for c in cases.values()}.values():
         case.fill()
     samples: dict[str, list[float]] = {cfg.label: [] for cfg, *_ in calls}
-    floors = []
+    floors, copies = [], []
     iters = iterations(args, size)
     for _ in range(args.rounds):
         for cfg, call, case in calls:
             samples[cfg.label].append(time_calls(world, lambda: call(case), args.warmup, iters))
-        floors.append(floor_time(world, count, dtype, args.warmup, iters))
-    floor = statistics.median(floors)
+        add, copy = floor_times(world, count, dtype, args.warmup, iters)
+        floors.append(add)
+        copies.append(copy)
+    floor, copy = statistics.median(floors), statistics.median(copies)
     factor = bus_factor(collective, n)
     rows = [Row(collective, size, count, dtype, n, "floor", "x+=y", "", floor * 1e6, size / floor / 1e9,
-                float("nan"), 0, 1.0, [f * 1e6 for f in floors])]
+                float("nan"), 0, 1.0, [f * 1e6 for f in floors]),
+            Row(collective, size, count, dtype, n, "floor", "copy", "", copy * 1e6, size / copy / 1e9,
+                float("nan"), 0, copy / floor, [c * 1e6 for c in copies])]
     for cfg, *_ in calls:
         t = statistics.median(samples[cfg.label])
         chosen = cfg.chooser(collective, size) if cfg.chooser else ""
@@ -387,7 +394,7 @@ TARGETS = (
     (64 << 20, "busbw vs {ref}", "mpi", lambda a, r: a.busbw_gbs / r.busbw_gbs, 2.5, True),
     (64 << 20, "busbw vs {ref}", "mpi4py", lambda a, r: a.busbw_gbs / r.busbw_gbs, 2.5, True),
     (64 << 20, "busbw vs {ref}", "gloo", lambda a, r: a.busbw_gbs / r.busbw_gbs, 3.0, True),
-    (64 << 20, "time vs the x+=y {ref}", "floor", lambda a, r: a.time_us / r.time_us, 2.5, False),
+    (64 << 20, "time vs the x+=y {ref}", "floor/x+=y", lambda a, r: a.time_us / r.time_us, 2.5, False),
     (1 << 10, "latency vs {ref}", "mpi", lambda a, r: a.time_us / r.time_us, 2.0, False),
     (1 << 10, "latency vs {ref}", "mpi4py", lambda a, r: a.time_us / r.time_us, 2.0, False),
 )
@@ -403,7 +410,7 @@ def target_lines(rows: list[Row]) -> list[str]:
     for subject in ("ringcomm", "ringcomm+tbuf"):
         for size, what, ref, ratio, bound, at_least in TARGETS:
             auto = pick.get((size, subject, "auto"))
-            other = next((r for (s, b, _), r in pick.items() if s == size and b == ref), None)
+            other = next((r for (s, b, a), r in pick.items() if s == size and ref in (b, f"{b}/{a}")), None)
             if auto is None or other is None:
                 continue
             x = ratio(auto, other)

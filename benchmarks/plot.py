@@ -26,18 +26,20 @@ def plot_rows(rows: list[dict], path: str, title: str = "") -> None:
             if r["collective"] != collective:
                 continue
             if r["backend"] == "floor":   # the floor has no busbw: draw what busbw it would equal
-                label, y = "floor (x += y)", r["size"] / (r["time_us"] * 1e-6) / 1e9
+                label, y = f"floor ({r['algorithm']}), size/time", r["size"] / (r["time_us"] * 1e-6) / 1e9
             else:
                 label, y = f"{r['backend']}/{r['algorithm']}", r["busbw_gbs"]
             if y is not None and not math.isnan(y):
                 lines.setdefault(label, []).append((r["size"], y))
         for label, points in sorted(lines.items()):
             points.sort()
-            style = dict(linestyle="--", color="grey") if label.startswith("floor") else {}
+            style = {}
+            if label.startswith("floor"):
+                style = dict(linestyle="--" if "x+=y" in label else ":", color="grey")
             ax.plot([p[0] for p in points], [p[1] for p in points], marker=".", label=label, **style)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("size (bytes)")
-        ax.set_ylabel("busbw (GB/s)" if collective != "floor" else "GB/s")
+        ax.set_ylabel("busbw (GB/s)")
         ax.set_title(f"{collective}" + (f", {title}" if title else ""))
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
