@@ -23,10 +23,26 @@ def tag_base(seq: int) -> int:
     return (seq % TAG_SPACE) * CHANNELS
 
 
+class _Lane(list):
+    """A compiled lane: its steps, plus the scratch its largest step needs (computed once)."""
+    __slots__ = ("scratch",)
+
+
+def _compile_lane(lane) -> _Lane:
+    out = _Lane((tuple(step), sends_first(step), sum(op.count for op in step if isinstance(op, RecvReduce)))
+                for step in lane)
+    out.scratch = max(n for *_, n in out)
+    return out
+
+
 def compile_program(program) -> tuple:
     """Precompute, once per cached program, what the executor needs to know about each step."""
-    return tuple([(tuple(step), sends_first(step), sum(op.count for op in step if isinstance(op, RecvReduce)))
-                  for step in lane] for lane in lanes_of(program) if lane)
+    return tuple(_compile_lane(lane) for lane in lanes_of(program) if lane)
+
+
+def _scratch_size(lane) -> int:
+    size = getattr(lane, "scratch", None)   # lanes compiled elsewhere may be plain lists
+    return max(n for *_, n in lane) if size is None else size
 
 
 class _Step:
@@ -83,14 +99,14 @@ def run(compiled, transport: Transport, work: np.ndarray, reduce: Optional[Reduc
     deadline = None if timeout is None else time.monotonic() + timeout
     if len(compiled) == 1:   # the common case, without the multi-lane bookkeeping (~1.5 us a call)
         lane = compiled[0]
-        scratch = np.empty(max(n for *_, n in lane), dtype=work.dtype)
+        scratch = np.empty(_scratch_size(lane), dtype=work.dtype)
         for k, (step, late_reduce, _) in enumerate(lane):
             posted = _Step(step, late_reduce, transport, work, scratch, reduce, base)
             if not posted.advance(None if deadline is None else max(0.0, deadline - time.monotonic())):
                 _timeout(what, transport.rank, timeout, posted.blocking_op(), k, len(lane))
             posted.finish(reduce)
         return
-    scratch = [np.empty(max(n for *_, n in lane), dtype=work.dtype) for lane in compiled]
+    scratch = [np.empty(_scratch_size(lane), dtype=work.dtype) for lane in compiled]
     position = [0] * len(compiled)
     posted: list = [None] * len(compiled)
     slice_ = None if len(compiled) == 1 else 0.0
