@@ -73,6 +73,13 @@ class MPITransport(Transport):
     def irecv(self, buf, peer, tag):
         return MPIRequest(self.comm.Irecv(self._bytes(buf), source=peer, tag=tag), self)
 
+    def probe(self, source, tag=None):
+        from mpi4py import MPI
+        status = MPI.Status()
+        found = self.comm.Iprobe(source=MPI.ANY_SOURCE if source is None else source,
+                                 tag=MPI.ANY_TAG if tag is None else tag, status=status)
+        return (status.Get_source(), status.Get_tag(), status.Get_count(MPI.BYTE)) if found else None
+
     def aborted_reason(self) -> Optional[str]:
         return self._aborted
 
