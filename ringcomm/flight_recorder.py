@@ -27,7 +27,7 @@ class Entry:
 
     def line(self, now: float) -> str:
         took = "" if self.started is None else f" {((self.ended or now) - self.started) * 1e3:.1f} ms"
-        return (f"#{self.seq:<6} {self.collective:<15} {self.count:>10} x {self.dtype:<9} "
+        return (f"#{self.seq:<6} {self.collective:<15} {self.count:>10} x {self.dtype or '-':<9} "
                 f"{self.algorithm or '-':<19} {self.state}{took}")
 
 
