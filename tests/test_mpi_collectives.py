@@ -68,3 +68,9 @@ def test_bad_timeout_argument_is_rejected_before_mpi_starts():
         ringcomm.init("mpi", timeout=0)
     with pytest.raises(ringcomm.ArgumentTypeError, match="timeout"):
         ringcomm.init("mpi", timeout="10")
+
+
+@pytest.mark.mpi
+def test_a_collective_nobody_joins_times_out_on_every_backend(tmp_path):
+    report = report_of(tmp_path, 3, "timeouts.py", "--backends", BACKENDS)
+    assert report["checks"] == 2 * len(BACKENDS.split(","))
