@@ -32,19 +32,21 @@ def expect(what, ok, detail=""):
 
 
 def in_flight(comm):
-    """Six mixed collectives issued back to back; they must finish in issue order, all correct."""
+    """Seven mixed collectives issued back to back; they must finish in issue order, all correct."""
     n, r, big = comm.size, comm.rank, 1 << 18
     a = np.full(big, r + 1.0, np.float32)
     b = torch.full((33,), float(r), dtype=torch.bfloat16)
     gathered = np.zeros(5 * n, np.int64)
     scattered = np.zeros(7, np.float64)
     c = np.full(3, r, np.int32)
+    h = np.full(9, 0.5 + r, np.float16)   # on "mpi": a user-defined MPI_Op, run by the progress thread
     works = [comm.all_reduce(a, async_op=True),
              comm.broadcast(b, root=n - 1, async_op=True),
              comm.all_gather(gathered, np.full(5, r, np.int64), async_op=True),
              comm.reduce_scatter(scattered, np.arange(7.0 * n), "max", async_op=True),
              comm.barrier(async_op=True),
-             comm.all_reduce(c, "min", async_op=True)]
+             comm.all_reduce(c, "min", async_op=True),
+             comm.all_reduce(h, "avg", async_op=True)]
     expect(f"{comm.backend} async_op returns Work", all(isinstance(w, ringcomm.Work) for w in works))
     order_ok, deadline = True, time.monotonic() + 60
     while not works[-1].is_completed() and time.monotonic() < deadline:
@@ -61,6 +63,7 @@ def in_flight(comm):
            scattered)
     expect(f"{comm.backend} async barrier returns None", results[4] is None, results[4])
     expect(f"{comm.backend} async all_reduce min", (c == 0).all(), c)
+    expect(f"{comm.backend} async float16 avg", (h == np.float16(0.5 + (n - 1) / 2)).all(), h)
 
     # A synchronous call behind queued async ones waits its turn and sees their results.
     x = np.ones(1000)
