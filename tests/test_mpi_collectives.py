@@ -74,3 +74,22 @@ def test_bad_timeout_argument_is_rejected_before_mpi_starts():
 def test_a_collective_nobody_joins_times_out_on_every_backend(tmp_path):
     report = report_of(tmp_path, 3, "timeouts.py", "--backends", BACKENDS)
     assert report["checks"] == 2 * len(BACKENDS.split(","))
+
+
+def _cuda_reason():
+    try:
+        import torch
+    except ImportError:  # pragma: no cover
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return f"needs a CUDA GPU: torch {torch.__version__} reports none"
+    return None
+
+
+@pytest.mark.gpu
+@pytest.mark.mpi
+@pytest.mark.skipif(_cuda_reason() is not None, reason=str(_cuda_reason()))
+def test_nccl_backend_runs_the_grid_on_one_gpu(tmp_path):
+    # One rank: NCCL refuses two ranks on one device, and a GPU machine here has one.
+    report = report_of(tmp_path, 1, "collectives_grid.py", "--backends", "nccl")
+    assert report["backends"]["nccl"]["checks"] >= 500
