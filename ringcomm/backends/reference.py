@@ -11,8 +11,8 @@ from ..transport.mpi import MPITransport
 class ReferenceCommunicator(Communicator):
     """A Communicator whose collectives run inside a library (MPI, gloo, NCCL).
 
-    The MPI transport over the job's communicator supplies rank, size and the abort flag, and
-    carries the small out-of-band messages (rendezvous); collective data never goes through it.
+    An MPI transport over the job's communicator supplies rank, size and the abort flag; the
+    communicator itself (``world``) carries the rendezvous. Collective data never touches either.
     """
 
     backend = "reference"
@@ -35,4 +35,5 @@ class ReferenceCommunicator(Communicator):
 
     def _describe(self, name: str, seq: int, work, buf) -> str:
         dtype = buf.dtype.name if buf is not None else "bytes"
-        return f"{name} #{seq} ({self.backend}, {work.numel() if hasattr(work, 'numel') else work.size} x {dtype})"
+        count = work.numel() if hasattr(work, "numel") else work.size   # torch tensor or numpy
+        return f"{name} #{seq} ({self.backend}, {count} x {dtype})"
