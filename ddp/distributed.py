@@ -109,8 +109,8 @@ class DistributedDataParallel(nn.Module):
 
     @property
     def last_step_stats(self) -> dict:
-        """Timings of the last synchronised backward: backward_s, comm_s (sum of bucket
-        all-reduce spans), exposed_comm_s (time backward waited on communication at its end)."""
+        """Timings of the last synchronised backward: backward_s; comm_s, the time some bucket's
+        reduction was in flight; exposed_comm_s, the time backward waited on it at its end."""
         return dict(self.reducer.stats)
 
     def bucket_members(self) -> list:

@@ -346,11 +346,17 @@ class Reducer:
                 p.grad.copy_(view)
 
     def _record(self, t_wait: float, t_end: float) -> None:
-        spans = [(b, self._launch_t[b], self._finish_t.get(b, t_end)) for b in range(len(self.buckets))]
+        spans, busy, prev = [], 0.0, 0.0
+        for b in range(len(self.buckets)):
+            s, f = self._launch_t[b], self._finish_t.get(b, t_end)
+            spans.append((b, s, f))
+            # Buckets reduce one after another: a queued bucket is not busy until the previous ends.
+            busy += max(0.0, f - max(s, prev))
+            prev = max(prev, f)
         self.stats = {
             "backward_s": t_end - self._t_backward,
             "exposed_comm_s": t_end - t_wait,     # backward blocked on communication
-            "comm_s": sum(f - s for _, s, f in spans),
+            "comm_s": busy,
             "buckets": len(self.buckets),
         }
         if self.timeline:

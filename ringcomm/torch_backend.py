@@ -24,6 +24,7 @@ import collections
 import os
 import socket
 import threading
+import time
 from datetime import timedelta
 from typing import Callable, Optional
 
@@ -60,6 +61,10 @@ class _Completer:
 
     def __init__(self, rank: int, timeout: Optional[float]):
         self.timeout = timeout
+        # Busy time: collectives run one at a time, so each one's share starts at its issue or at
+        # the previous one's completion, whichever is later (no double counting of queued time).
+        self.comm_seconds = 0.0
+        self._last_done = 0.0
         self._queue: collections.deque = collections.deque()
         self._cv = threading.Condition()
         self._thread = threading.Thread(target=self._run, daemon=True, name=f"ringcomm-c10d-{rank}")
@@ -67,7 +72,7 @@ class _Completer:
 
     def add(self, work, fut: torch.futures.Future, finish: Callable) -> None:
         with self._cv:
-            self._queue.append((work, fut, finish))
+            self._queue.append((work, fut, finish, time.perf_counter()))
             self._cv.notify()
 
     def _run(self) -> None:
@@ -75,10 +80,13 @@ class _Completer:
             with self._cv:
                 while not self._queue:
                     self._cv.wait()
-                work, fut, finish = self._queue.popleft()
+                work, fut, finish, t0 = self._queue.popleft()
             try:
                 work.wait(self.timeout)
                 result = finish()
+                done = time.perf_counter()
+                self.comm_seconds += done - max(t0, self._last_done)
+                self._last_done = done
             except BaseException as err:   # the caller sees it from Work.wait() / the future
                 fut.set_exception(err)
             else:
@@ -97,6 +105,11 @@ class RingcommProcessGroup(dist.ProcessGroup):
         self.comm = comm
         self._rank, self._size = rank, size
         self._completer = _Completer(rank, getattr(comm, "timeout", None))
+
+    @property
+    def comm_seconds(self) -> float:
+        """Seconds this group spent with a collective in flight (which may overlap compute)."""
+        return self._completer.comm_seconds
 
     def getBackendName(self) -> str:
         return BACKEND
