@@ -14,7 +14,8 @@ Life of one synchronised iteration:
    progress thread), so the reduction overlaps the rest of backward.
 4. ``_finalize`` (end of backward) waits for every bucket in order and writes the averages back
    to ``.grad``. A parameter that got no gradient without find_unused_parameters is an error
-   naming it, raised after the launched buckets drain so the communicator stays consistent.
+   naming it, raised only after every bucket was launched (missing slots zero) and drained, so
+   all ranks issued the same collectives and none is left waiting.
 
 After the first synchronised iteration the bucket order is rebuilt from the order in which
 gradients became ready; rank 0's order is broadcast so that every rank builds the same buckets.
@@ -234,23 +235,31 @@ class Reducer:
         with self._lock:
             if not self._armed:
                 return   # no_sync, or a backward that did not come from our forward
-            self._start()
-            i = self._index[id(param)]
-            if self._ready[i]:
-                raise UsageError(f"DistributedDataParallel: parameter {self.names[i]} got a gradient twice "
-                                 f"in one backward (reentrant backward or a shared parameter used via "
-                                 f"two autograd paths is not supported)")
-            view = self._view(i)
-            if not _same_storage(param.grad, view):
-                if param.grad is None:
-                    view.zero_()
-                else:
-                    view.copy_(param.grad)
-                if self.as_view:
-                    param.grad = view
-            if not self.rebuilt:
-                self._ready_order.append(i)
-            self._mark_ready(i)
+            try:
+                self._on_grad(param)
+            except BaseException:
+                # Backward stops here and _finalize will not run: disarm so the next forward works.
+                self._armed = self._started = False
+                raise
+
+    def _on_grad(self, param: torch.Tensor) -> None:
+        self._start()
+        i = self._index[id(param)]
+        if self._ready[i]:
+            raise UsageError(f"DistributedDataParallel: parameter {self.names[i]} got a gradient twice "
+                             f"in one backward (reentrant backward or a shared parameter used via "
+                             f"two autograd paths is not supported)")
+        view = self._view(i)
+        if not _same_storage(param.grad, view):
+            if param.grad is None:
+                view.zero_()
+            else:
+                view.copy_(param.grad)
+            if self.as_view:
+                param.grad = view
+        if not self.rebuilt:
+            self._ready_order.append(i)
+        self._mark_ready(i)
 
     def _mark_ready(self, i: int) -> None:
         self._ready[i] = True
@@ -299,10 +308,13 @@ class Reducer:
 
     def _finish_iteration(self) -> None:
         missing = [i for i, r in enumerate(self._ready) if not r]
-        if missing and self.find_unused:
-            for i in missing:    # reachable in the graph but given no gradient: zero as well
-                self._view(i).zero_()
-                self._mark_ready(i)
+        # Reachable in the graph but given no gradient (find_unused), or an error to report: either
+        # way zero the slots and launch the remaining buckets, so that every rank has issued the
+        # same collectives and ranks whose gradients were all there are not left waiting.
+        for i in missing:
+            self._view(i).zero_()
+            self._mark_ready(i)
+        if self.find_unused:
             missing = []
         t_wait = time.perf_counter()
         launched = [b for b in range(self._next)]

@@ -64,7 +64,11 @@ def test_bad_arguments_raise_before_communication():
         model.register_comm_hook(None, lambda state, bucket: "not a future")
         with pytest.raises(ringcomm.UsageError, match="future-like"):
             model(torch.ones(1, 2)).sum().backward()
-    run_threads(1, body)
+        model.register_comm_hook(None, ddp.allreduce_hook)     # recovers: the next step works
+        model.zero_grad()
+        model(torch.ones(1, 2)).sum().backward()
+        return model.module.weight.grad.tolist()
+    assert run_threads(1, body) == [[[1.0, 1.0], [1.0, 1.0]]]
 
 
 # ---- behaviour across ranks ----------------------------------------------------------------------
@@ -174,6 +178,31 @@ def test_unused_parameter_without_find_unused_names_it():
         comm.all_reduce(x)                 # launched buckets drained: the communicator still works
         return x.tolist()
     assert run_threads(2, body) == [[2.0, 2.0]] * 2
+
+
+def test_unused_parameter_on_one_rank_without_find_unused_does_not_hang():
+    """Rank 1 alone misses a gradient: it raises naming it; rank 0 finishes; both stay in step."""
+    class Maybe(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.main, self.side = nn.Linear(3, 3), nn.Linear(3, 3)
+
+        def forward(self, x, use_side):
+            return self.main(x) + (self.side(x) if use_side else 0)
+
+    def body(comm):
+        model = ddp.DistributedDataParallel(Maybe(), comm, first_bucket_mb=1e-6, bucket_cap_mb=1e-6)
+        outcome = "ok"
+        try:
+            model(torch.ones(1, 3), comm.rank == 0).sum().backward()
+        except ringcomm.UsageError as err:
+            outcome = str(err)
+        x = torch.ones(2)
+        comm.all_reduce(x)
+        return outcome, x.tolist()
+    (out0, x0), (out1, x1) = run_threads(2, body, timeout=20)
+    assert out0 == "ok" and "side.weight, side.bias" in out1, (out0, out1)
+    assert x0 == x1 == [2.0, 2.0]
 
 
 def test_gradient_as_bucket_view_shares_storage():
