@@ -259,15 +259,15 @@ def _bytes(t) -> np.ndarray:
 
 
 # ---- registration and rendezvous --------------------------------------------------------------
-_COMM_FOR_NEXT_GROUP: list = []
+_WORLD_COMM: list = []    # the Communicator of the last init_process_group()
 
 
 def _create(prefix_store, rank: int, size: int, timeout: timedelta):
-    if not _COMM_FOR_NEXT_GROUP:
+    if not _WORLD_COMM:
         raise UsageError('torch.distributed backend "ringcomm" needs a ringcomm Communicator: '
                          'start it with ringcomm.init_process_group() instead of '
                          'torch.distributed.init_process_group(backend="ringcomm")')
-    return RingcommProcessGroup(_COMM_FOR_NEXT_GROUP[-1], rank, size)
+    return RingcommProcessGroup(_WORLD_COMM[-1], rank, size)
 
 
 def register() -> None:
@@ -311,9 +311,8 @@ def init_process_group(backend: Optional[str] = None, *, comm=None, timeout: Opt
     td = timedelta(seconds=seconds)
     register()
     store = _rendezvous_store(comm, td)
-    _COMM_FOR_NEXT_GROUP.append(comm)
-    try:
-        dist.init_process_group(backend=BACKEND, store=store, rank=comm.rank, world_size=comm.size, timeout=td)
-    finally:
-        _COMM_FOR_NEXT_GROUP.pop()
+    # Kept after init: dist.new_group(backend="ringcomm") over all ranks shares this communicator
+    # (groups issue their collectives in one program order on every rank, so matching holds).
+    _WORLD_COMM[:] = [comm]
+    dist.init_process_group(backend=BACKEND, store=store, rank=comm.rank, world_size=comm.size, timeout=td)
     return comm

@@ -57,6 +57,10 @@ for w in works:
     w.wait()
 assert works[-1].get_future().value()[0].sum().item() == 1000.0 * N
 dist.barrier()
+again = dist.new_group(backend="ringcomm")     # all ranks: shares the world communicator
+t = torch.full((2,), float(R))
+dist.all_reduce(t, group=again)
+assert (t == N * (N - 1) / 2).all() and dist.get_backend(again) == "ringcomm", t
 print("check collectives ok", flush=True)
 
 gloo = dist.new_group(backend="gloo")
