@@ -25,6 +25,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+import weakref
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -127,8 +128,20 @@ class Reducer:
         self._unused: set = set()
         self._watch_q: queue.Queue = queue.Queue()
         self._finish_t: dict = {}
-        threading.Thread(target=self._watch, daemon=True, name="ddp-bucket-watcher").start()
-        self._handles = [p.register_post_accumulate_grad_hook(self._grad_ready) for p in params]
+        # The watcher holds only the queue and the dict, so a dropped Reducer is collected, and
+        # its collection stops the thread.
+        threading.Thread(target=_watch, args=(self._watch_q, self._finish_t), daemon=True,
+                         name="ddp-bucket-watcher").start()
+        weakref.finalize(self, self._watch_q.put, None)
+        # The hooks live in C++ on the parameters, out of the garbage collector's sight: they hold
+        # the Reducer weakly, or parameter -> hook -> Reducer -> parameter would never be freed.
+        ref = weakref.ref(self)
+
+        def grad_ready(param):
+            reducer = ref()
+            if reducer is not None:
+                reducer._grad_ready(param)
+        self._handles = [p.register_post_accumulate_grad_hook(grad_ready) for p in params]
 
     # ---- bucket layout ---------------------------------------------------------------------
     def _build(self, order: list) -> None:
@@ -287,18 +300,6 @@ class Reducer:
         if hasattr(fut, "wait_comm"):
             self._watch_q.put((b, fut))
 
-    def _watch(self) -> None:
-        """Record when each bucket's communication finishes (the end-of-backward wait is later)."""
-        while True:
-            b, fut = self._watch_q.get()
-            try:
-                fut.wait_comm()
-                self._finish_t[b] = time.perf_counter()
-            except BaseException:   # reported by _finalize's own wait
-                pass
-            finally:
-                self._watch_q.task_done()
-
     def _finalize(self) -> None:
         with self._lock:
             try:
@@ -317,7 +318,7 @@ class Reducer:
         if self.find_unused:
             missing = []
         t_wait = time.perf_counter()
-        launched = [b for b in range(self._next)]
+        launched = list(range(self._next))
         results = []
         error = None
         for b in launched:
@@ -334,9 +335,10 @@ class Reducer:
         if missing:
             names = ", ".join(self.names[i] for i in missing)
             raise UsageError(
-                f"DistributedDataParallel: parameter(s) {names} received no gradient in this backward, "
-                f"so their buckets cannot be reduced. Pass find_unused_parameters=True if some "
-                f"parameters are legitimately unused in forward, or make the loss depend on them.")
+                f"DistributedDataParallel: parameter(s) {names} received no gradient in this backward "
+                f"(.grad was left as it was; their slots went out as zeros so that no rank waits). "
+                f"Pass find_unused_parameters=True if some parameters are legitimately unused in "
+                f"forward, or make the loss depend on them.")
         for b, result in zip(launched, results):
             self._write_back(self.buckets[b], result)
         self._record(t_wait, t_end)
@@ -383,6 +385,22 @@ class Reducer:
         for h in self._handles:
             h.remove()
         self._handles = []
+
+
+def _watch(q: queue.Queue, finish_t: dict) -> None:
+    """Record when each bucket's communication finishes (the end-of-backward wait comes later)."""
+    while True:
+        item = q.get()
+        try:
+            if item is None:
+                return
+            b, fut = item
+            fut.wait_comm()
+            finish_t[b] = time.perf_counter()
+        except BaseException:   # _finalize's own wait reports the failure
+            pass
+        finally:
+            q.task_done()
 
 
 def _same_storage(grad, view: torch.Tensor) -> bool:
