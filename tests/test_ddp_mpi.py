@@ -40,6 +40,9 @@ def test_ddp_on_reference_backends(backend):
 
 
 @pytest.mark.mpi
-def test_torch_distributed_on_ringcomm():
-    out = run_mpi(2, "ddp_torch_backend.py").stdout
+@pytest.mark.parametrize("backend", ["ringcomm", "mpi", "gloo"])
+def test_torch_distributed_on_ringcomm(backend):
+    """torch.distributed backend "ringcomm", over each backend ringcomm.init offers."""
+    out = run_mpi(2, "ddp_torch_backend.py", backend).stdout
+    _skip_if_unavailable(out)
     _checks_passed(out, 2, ["backend_name", "collectives", "torch_ddp_matches_gloo"])
