@@ -1,5 +1,5 @@
 # Two entry points that work on a fresh machine with only Python 3.11 and make:
-#   make demo   set up .venv if needed, then run the main job under mpirun
+#   make demo   set up .venv if needed, then train a small transformer with DDP under mpirun -n 2
 #   make test   set up .venv if needed, then run the whole test suite
 PYTHON ?= python3
 VENV   ?= .venv
@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml Makefile
 setup: $(STAMP)
 
 demo: setup
-	$(VENV)/bin/mpirun -n 2 $(PY) examples/allreduce_demo.py
+	$(VENV)/bin/mpirun -n 2 $(PY) examples/train.py --backend ringcomm
 
 test: setup
 	$(PY) -m pytest -q -ra

@@ -6,6 +6,8 @@ memory with the user's tensor or array: collectives work in place on it.
 """
 from __future__ import annotations
 
+import functools
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -13,18 +15,20 @@ import numpy as np
 from .errors import bad_type, bad_value
 from .ops import DTYPES, DType
 
-try:  # torch is a dependency, but keep numpy-only use possible
-    import torch
-except ImportError:  # pragma: no cover
-    torch = None
-
-_TORCH_TO_NAME = {}
-if torch is not None:
-    _TORCH_TO_NAME = {
-        torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32",
-        torch.float64: "float64", torch.int32: "int32", torch.int64: "int64", torch.uint8: "uint8",
-    }
 _SUPPORTED = ", ".join(DTYPES)
+
+
+def _torch():
+    """torch if the caller has imported it. A tensor can only exist once torch is imported, so
+    numpy-only jobs never pay torch's import time (seconds per rank on a small machine)."""
+    return sys.modules.get("torch")
+
+
+@functools.lru_cache(maxsize=None)
+def _torch_dtype_names() -> dict:
+    torch = _torch()
+    return {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32",
+            torch.float64: "float64", torch.int32: "int32", torch.int64: "int64", torch.uint8: "uint8"}
 
 
 @dataclass
@@ -45,6 +49,7 @@ class Buffer:
 
 
 def is_torch(x) -> bool:
+    torch = _torch()
     return torch is not None and isinstance(x, torch.Tensor)
 
 
@@ -57,7 +62,8 @@ def as_buffer(x, collective: str, argument: str) -> Buffer:
 
 
 def _torch_buffer(x, collective: str, argument: str) -> Buffer:
-    name = _TORCH_TO_NAME.get(x.dtype)
+    torch = _torch()
+    name = _torch_dtype_names().get(x.dtype)
     if name is None:
         raise bad_type(collective, argument, f"a tensor of dtype {_SUPPORTED}", f"dtype {x.dtype}")
     if not x.is_contiguous():
