@@ -1,0 +1,412 @@
+"""Host shared-memory transport: ranks of one node reduce straight out of each other's memory.
+
+Every rank owns POSIX shared-memory segments (files in /dev/shm, mode 0600, names unique per
+job) that all ranks of its node map. A collective's work array lives in one of them: ``stage``
+copies it into the rank's staging segment, or skips the copy when the array already lives in a
+segment (``allocate`` hands out such arrays, e.g. for DDP buckets). A send then moves no bytes:
+it publishes a descriptor (segment, offset, length) in a slot of the sender's control segment;
+the receiver copies (``irecv``) or reduces (``irecv_reduce``, a numpy ufunc that releases the GIL)
+directly from the sender's segment into its own buffer and acknowledges the slot; the send
+completes on that acknowledgement. One pass over the data per receive, no bounce copies.
+
+Control segment of a rank: a header (abort flag) and, per destination on the node, a ring of
+SLOTS descriptor slots of int64 fields [PUB, ACK, TAG, ORD, SEG, OFF, NBYTES]. The sender writes
+TAG..NBYTES and then PUB (its per-destination message number); a slot holds a message while
+PUB > ACK; the receiver reads the fields after seeing PUB > ACK, consumes the payload, then writes
+ACK = PUB. ORD numbers the messages of one (source, destination, tag) stream, so a receive matches
+exactly the message it was posted for even when streams (channels, lanes) interleave.
+
+Memory ordering: the protocol needs stores to become visible in program order (payload and
+fields before PUB; payload reads before ACK) and loads not to pass earlier loads. x86-64 (TSO)
+guarantees both for plain stores and loads, and each numpy operation is an opaque C call the
+compiler cannot reorder across. On weakly ordered CPUs (ARM, POWER) this would need fences; the
+transport refuses to start there unless RINGCOMM_SHM_UNSAFE_ORDERING=1.
+
+Segment lifetime: segments are created collectively (init, staging growth, ``allocate``): each
+rank creates its file, the node synchronises, every rank maps every peer's file, the node
+synchronises again and each owner unlinks its file. After that the mappings keep the memory
+alive and /dev/shm holds nothing of ringcomm's, so even SIGKILL leaks nothing.
+
+Waits spin for ~50 us and then sleep with exponential backoff (to 1 ms), so 4 ranks on 2 cores
+still make progress; every wait honours its timeout. A send whose buffer is not in any segment
+(rare: the executor only sends from the staged work array) publishes a descriptor marked
+"payload over MPI" and goes over the node communicator instead.
+"""
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import platform
+import secrets
+from collections import defaultdict, deque
+from typing import Optional
+
+import numpy as np
+
+from ..errors import CommError, MismatchError, PeerAbortedError
+from .base import Request, Transport
+from .mpi import wait_polling
+
+SLOTS = 256                       # descriptors in flight per ordered pair before sends queue
+PUB, ACK, TAG, ORD, SEG, OFF, NBYTES = range(7)
+FIELDS = 8                        # 64-byte slots: one cache line each
+HEADER = 8                        # int64 words before the rings; word 0 is the abort flag
+VIA_MPI = -1                      # SEG value: the payload follows over MPI
+SHM_DIR = "/dev/shm"
+PREFIX = "ringcomm-"
+GROW_QUANTUM = 1 << 20
+_TSO = {"x86_64", "amd64", "i386", "i686"}
+
+
+def _check_ordering() -> None:
+    if platform.machine().lower() not in _TSO and os.environ.get("RINGCOMM_SHM_UNSAFE_ORDERING") != "1":
+        raise CommError(f"the shm transport relies on x86 store ordering; this CPU is "
+                        f"{platform.machine()} (set RINGCOMM_TRANSPORT=mpi, or "
+                        f"RINGCOMM_SHM_UNSAFE_ORDERING=1 to try anyway)")
+
+
+def _address(a) -> int:
+    return a.ctypes.data
+
+
+class Segment:
+    """One rank's shared mapping: ``data`` is a uint8 array over all of it."""
+
+    __slots__ = ("seg_id", "data", "addr", "nbytes")
+
+    def __init__(self, seg_id: int, data: np.ndarray):
+        self.seg_id, self.data = seg_id, data
+        self.addr, self.nbytes = _address(data), data.nbytes
+
+    def contains(self, addr: int, nbytes: int) -> bool:
+        return self.addr <= addr and addr + nbytes <= self.addr + self.nbytes
+
+
+def _map(path: str, nbytes: int, create: bool) -> np.ndarray:
+    flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+    fd = os.open(path, flags, 0o600)
+    try:
+        if create:
+            os.ftruncate(fd, nbytes)
+        mm = mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    finally:
+        os.close(fd)   # the mapping keeps the memory; the descriptor is not needed
+    return np.frombuffer(mm, dtype=np.uint8)
+
+
+class _Send(Request):
+    __slots__ = ("t", "peer", "tag", "ord", "buf", "where", "slot", "num", "mpi_req")
+
+    def __init__(self, t, peer, tag, ordinal, buf, where):
+        self.t, self.peer, self.tag, self.ord, self.buf, self.where = t, peer, tag, ordinal, buf, where
+        self.slot = self.num = -1
+        self.mpi_req = None
+
+    def test(self) -> bool:
+        t = self.t
+        t.progress()
+        if self.slot < 0:
+            return False
+        if self.mpi_req is not None and not self.mpi_req.Test():
+            return False
+        return t.rings_out[self.peer][self.slot, ACK] >= self.num
+
+    def wait(self, timeout):
+        return wait_polling(self.test, timeout, lambda: self.t.aborted_reason(self.peer))
+
+
+class _Recv(Request):
+    __slots__ = ("t", "peer", "tag", "ord", "buf", "reduce", "scratch", "done", "mpi", "slot")
+
+    def __init__(self, t, peer, tag, ordinal, buf, reduce, scratch):
+        self.t, self.peer, self.tag, self.ord = t, peer, tag, ordinal
+        self.buf, self.reduce, self.scratch = buf, reduce, scratch
+        self.done, self.mpi, self.slot = False, None, -1
+
+    def test(self) -> bool:
+        if not self.done:
+            self.t.progress()
+            if not self.done:
+                self.t.try_receive(self)
+        return self.done
+
+    def wait(self, timeout):
+        return wait_polling(self.test, timeout, lambda: self.t.aborted_reason(self.peer))
+
+
+class ShmTransport(Transport):
+    """Point-to-point between the ranks of one node through shared memory.
+
+    ``node_comm`` is an MPI communicator holding exactly the ranks that share this memory;
+    ``ranks`` maps its ranks to the global ranks the algorithms name (``ranks[i]`` is node rank i).
+    Use one transport from one thread at a time (the Communicator serialises its collectives).
+    """
+
+    name = "shm"
+
+    def __init__(self, node_comm, ranks, *, world_rank: int, world_size: int):
+        _check_ordering()
+        self.comm = node_comm
+        self.rank, self.size = world_rank, world_size
+        self.ranks = list(ranks)
+        self.local = {r: i for i, r in enumerate(self.ranks)}
+        self.me = node_comm.Get_rank()
+        self.n = node_comm.Get_size()
+        if self.ranks[self.me] != world_rank or len(self.ranks) != self.n:
+            raise CommError(f"shm transport: node communicator ranks {self.ranks} do not match "
+                            f"world rank {world_rank} at node rank {self.me}")
+        job = f"{PREFIX}{os.getpid()}-{secrets.token_hex(6)}" if self.me == 0 else None
+        self.job = node_comm.bcast(job, root=0)   # names unique per job and node
+        self._next_seg = 0
+        self._own: dict[int, Segment] = {}            # seg_id -> my segment
+        self._peers: dict[tuple, np.ndarray] = {}     # (node rank, seg_id) -> uint8 view
+        self._staging: Optional[Segment] = None
+        self._allocated: list[Segment] = []
+        self._aborted: Optional[str] = None
+        self._closed = False
+        self._out_num = [0] * self.n
+        self._out_ord: list = [defaultdict(int) for _ in range(self.n)]
+        self._in_ord: list = [defaultdict(int) for _ in range(self.n)]
+        self._queued: list = [deque() for _ in range(self.n)]
+        self._plain: list = []                          # posted copy-receives, serviced eagerly
+        words = HEADER + self.n * SLOTS * FIELDS
+        ctrl = self._create(words * 8)
+        self.header = ctrl[0].data.view(np.int64)[:HEADER]
+        self.rings_out = ctrl[0].data.view(np.int64)[HEADER:].reshape(self.n, SLOTS, FIELDS)
+        self.peer_header = [v.view(np.int64)[:HEADER] for v in ctrl[1]]
+        self.rings_in = [v.view(np.int64)[HEADER:].reshape(self.n, SLOTS, FIELDS)[self.me] for v in ctrl[1]]
+
+    # ---- segments --------------------------------------------------------------------------
+    def _path(self, node_rank: int, seg_id: int) -> str:
+        return f"{SHM_DIR}/{self.job}-{node_rank}-{seg_id}"
+
+    def _create(self, nbytes: int):
+        """Collective over the node: a new segment per rank, mapped by all, unlinked at once."""
+        seg_id = self._next_seg
+        self._next_seg += 1
+        mine = self._path(self.me, seg_id)
+        err, data = None, None
+        try:
+            data = _map(mine, nbytes, create=True)
+        except OSError as e:
+            err = f"rank {self.rank}: cannot create {mine} ({nbytes} bytes): {e}"
+        errors = self.comm.allgather(err)
+        views = [None] * self.n
+        try:
+            if not any(errors):
+                for i in range(self.n):
+                    try:
+                        views[i] = data if i == self.me else _map(self._path(i, seg_id), nbytes, create=False)
+                    except OSError as e:
+                        err = f"rank {self.rank}: cannot map {self._path(i, seg_id)}: {e}"
+                        break
+                errors = self.comm.allgather(err)   # everyone has mapped everything (or failed)
+        finally:   # every peer has mapped it (or given up): the name is no longer needed
+            if data is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(mine)
+        failed = [e for e in errors if e]
+        if failed:
+            raise CommError("shm transport: could not set up shared memory: " + "; ".join(failed))
+        seg = Segment(seg_id, data)
+        self._own[seg_id] = seg
+        for i, v in enumerate(views):
+            if i != self.me:
+                self._peers[(i, seg_id)] = v
+        return seg, views
+
+    def _drop(self, seg: Segment) -> None:
+        """Forget a segment everywhere on this rank; the memory goes when the last view does."""
+        self._own.pop(seg.seg_id, None)
+        for i in range(self.n):
+            self._peers.pop((i, seg.seg_id), None)
+
+    def allocate(self, nbytes: int, dtype=np.uint8) -> np.ndarray:
+        """A new array of ``nbytes`` bytes inside shared memory, so ``stage`` skips the copy-in.
+
+        Collective over the ranks of this node (every one calls it with the same size, like
+        DDP building its buckets); call it while no async collective is in flight. The memory
+        lives until ``close``.
+        """
+        dtype = np.dtype(dtype)
+        if nbytes < 0 or nbytes % dtype.itemsize:
+            raise ValueError(f'allocate got unexpected value for argument "nbytes" (expected a '
+                             f'non-negative multiple of {dtype.itemsize}, got {nbytes})')
+        seg, _ = self._create(max(nbytes, 1))
+        self._allocated.append(seg)
+        return seg.data[:nbytes].view(dtype)
+
+    def owns(self, a: np.ndarray) -> bool:
+        return self._locate(_address(a), a.nbytes) is not None
+
+    def _locate(self, addr: int, nbytes: int):
+        for seg in self._own.values():
+            if seg.contains(addr, nbytes):
+                return seg.seg_id, addr - seg.addr
+        return None
+
+    @contextlib.contextmanager
+    def stage(self, flat: np.ndarray):
+        """Work in shared memory: in place if ``flat`` lives there, else in the staging segment.
+
+        Every rank of the node enters stage for the same collective with the same byte count, so
+        growing the staging segment (a collective) is decided on the byte count alone.
+        """
+        nbytes = flat.nbytes
+        if nbytes and (self._staging is None or self._staging.nbytes < nbytes):
+            old = self._staging
+            size = max(nbytes, 2 * old.nbytes if old else 0)
+            self._staging, _ = self._create(-(-size // GROW_QUANTUM) * GROW_QUANTUM)
+            if old is not None:
+                self._drop(old)
+        if not nbytes or self.owns(flat):
+            yield flat
+            return
+        staged = self._staging.data[:nbytes].view(flat.dtype)
+        np.copyto(staged, flat)
+        yield staged
+        np.copyto(flat, staged)
+
+    # ---- point to point --------------------------------------------------------------------
+    def _node_rank(self, peer: int) -> int:
+        try:
+            return self.local[peer]
+        except KeyError:
+            raise CommError(f"shm transport on rank {self.rank}: rank {peer} is not on this node "
+                            f"(node ranks {self.ranks})") from None
+
+    def isend(self, buf, peer, tag):
+        self._check_usable()
+        p = self._node_rank(peer)
+        ordinal = self._out_ord[p][tag]
+        self._out_ord[p][tag] = ordinal + 1
+        req = _Send(self, p, tag, ordinal, buf, self._locate(_address(buf), buf.nbytes))
+        if req.where is None:   # not readable by the peer: the payload goes over MPI
+            req.mpi_req = self.comm.Isend(_bytes(buf), dest=p, tag=tag)
+        self._queued[p].append(req)
+        self._publish(p)
+        return req
+
+    def irecv(self, buf, peer, tag):
+        return self._post(buf, peer, tag, None, None)
+
+    def irecv_reduce(self, buf, peer, tag, reduce, scratch):
+        return self._post(buf, peer, tag, reduce, scratch)
+
+    def _post(self, buf, peer, tag, reduce, scratch):
+        self._check_usable()
+        p = self._node_rank(peer)
+        ordinal = self._in_ord[p][tag]
+        self._in_ord[p][tag] = ordinal + 1
+        req = _Recv(self, p, tag, ordinal, buf, reduce, scratch)
+        if reduce is None:
+            self._plain.append(req)
+        self.try_receive(req)
+        return req
+
+    def _publish(self, p: int) -> None:
+        """Give queued sends to ``p`` free slots: fields first, PUB last (see module doc)."""
+        queue, ring = self._queued[p], self.rings_out[p]
+        while queue:
+            free = np.flatnonzero(ring[:, PUB] == ring[:, ACK])
+            if not free.size:
+                return
+            for slot in free[:len(queue)]:
+                req = queue.popleft()
+                self._out_num[p] += 1
+                seg, off = req.where if req.where is not None else (VIA_MPI, 0)
+                row = ring[slot]
+                row[TAG], row[ORD], row[SEG], row[OFF], row[NBYTES] = req.tag, req.ord, seg, off, req.buf.nbytes
+                self._before_publish()
+                row[PUB] = self._out_num[p]
+                req.slot, req.num = int(slot), self._out_num[p]
+
+    def progress(self) -> None:
+        for p in range(self.n):
+            if self._queued[p]:
+                self._publish(p)
+        if self._plain:
+            for req in list(self._plain):
+                self.try_receive(req)
+
+    def try_receive(self, req: _Recv) -> None:
+        """Consume ``req``'s message if it has been published; at most once."""
+        if req.done:
+            return
+        ring = self.rings_in[req.peer]
+        if req.slot < 0:
+            hit = np.flatnonzero((ring[:, PUB] > ring[:, ACK]) & (ring[:, TAG] == req.tag)
+                                 & (ring[:, ORD] == req.ord))
+            if not hit.size:
+                return
+            req.slot = int(hit[0])
+        row = ring[req.slot]
+        nbytes = int(row[NBYTES])
+        if nbytes != req.buf.nbytes:
+            raise MismatchError(f"rank {self.rank}: message from rank {self.ranks[req.peer]} (tag "
+                                f"{req.tag}) has {nbytes} bytes, the receive expected {req.buf.nbytes}")
+        seg = int(row[SEG])
+        if seg == VIA_MPI:
+            target = req.buf if req.reduce is None else req.scratch[:req.buf.size]
+            if req.mpi is None:
+                req.mpi = self.comm.Irecv(_bytes(target), source=req.peer, tag=req.tag)
+            if not req.mpi.Test():
+                return
+            if req.reduce is not None:
+                req.reduce(req.buf, target)
+        else:
+            off = int(row[OFF])
+            src = self._peers[(req.peer, seg)][off:off + nbytes].view(req.buf.dtype)
+            if req.reduce is None:
+                np.copyto(req.buf, src)
+            else:
+                req.reduce(req.buf, src)
+            self._after_consume()
+        row[ACK] = row[PUB]
+        req.done = True
+        if req.reduce is None:
+            self._plain.remove(req)
+
+    # Hooks for transports whose segments are device memory (cuda_ipc).
+    def _before_publish(self) -> None:
+        pass
+
+    def _after_consume(self) -> None:
+        pass
+
+    # ---- failure and shutdown --------------------------------------------------------------
+    def _check_usable(self) -> None:
+        if self._aborted is not None:
+            raise PeerAbortedError(self._aborted)
+        if self._closed:
+            raise CommError(f"shm transport on rank {self.rank} is closed")
+
+    def aborted_reason(self, peer: Optional[int] = None) -> Optional[str]:
+        if self._aborted is not None:
+            return self._aborted
+        if peer is not None and self.peer_header[peer][0]:
+            return f"rank {self.ranks[peer]} aborted its shm transport"
+        return None
+
+    def abort(self, reason: BaseException) -> None:
+        self._aborted = f"aborted: {reason}"
+        if not self._closed:
+            self.header[0] = 1   # peers waiting on this rank are released, not left to time out
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._plain.clear()
+        self._staging = None
+        self._allocated.clear()
+        self._own.clear()
+        self._peers.clear()
+
+    def describe(self) -> dict:
+        return {r: self.name for r in self.ranks if r != self.rank}
+
+
+def _bytes(buf) -> np.ndarray:
+    return buf.view(np.uint8).reshape(-1) if buf.size else np.empty(0, np.uint8)
