@@ -50,7 +50,8 @@ def build(mpi_comm, topology: Topology) -> Transport:
         node_comm.Free()
         return MPITransport(mpi_comm)
     from .shm import ShmTransport
-    shm = ShmTransport(node_comm, local, world_rank=rank, world_size=size)
+    timeout = float(os.environ.get("RINGCOMM_TIMEOUT", 300))
+    shm = ShmTransport(node_comm, local, world_rank=rank, world_size=size, setup_timeout=timeout)
     if len(local) == size:
         return shm
     mpi = MPITransport(mpi_comm)

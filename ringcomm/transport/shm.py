@@ -44,7 +44,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..errors import CommError, MismatchError, PeerAbortedError
+from ..errors import CommError, CommTimeoutError, MismatchError, PeerAbortedError
 from .base import Request, Transport
 from .mpi import wait_polling
 
@@ -117,18 +117,20 @@ class _Send(Request):
 
 
 class _Recv(Request):
-    __slots__ = ("t", "peer", "tag", "ord", "buf", "reduce", "scratch", "done", "mpi", "slot")
+    __slots__ = ("t", "peer", "tag", "ord", "buf", "reduce", "scratch", "done", "mpi", "slot", "error")
 
     def __init__(self, t, peer, tag, ordinal, buf, reduce, scratch):
         self.t, self.peer, self.tag, self.ord = t, peer, tag, ordinal
         self.buf, self.reduce, self.scratch = buf, reduce, scratch
-        self.done, self.mpi, self.slot = False, None, -1
+        self.done, self.mpi, self.slot, self.error = False, None, -1, None
 
     def test(self) -> bool:
         if not self.done:
             self.t.progress()
             if not self.done:
                 self.t.try_receive(self)
+        if self.error is not None:
+            raise self.error
         return self.done
 
     def wait(self, timeout):
@@ -145,8 +147,10 @@ class ShmTransport(Transport):
 
     name = "shm"
 
-    def __init__(self, node_comm, ranks, *, world_rank: int, world_size: int):
+    def __init__(self, node_comm, ranks, *, world_rank: int, world_size: int,
+                 setup_timeout: float = 300.0):
         _check_ordering()
+        self.setup_timeout = setup_timeout   # bounds the node-wide handshakes of segment setup
         self.comm = node_comm
         self.rank, self.size = world_rank, world_size
         self.ranks = list(ranks)
@@ -162,6 +166,7 @@ class ShmTransport(Transport):
         self._own: dict[int, Segment] = {}            # seg_id -> my segment
         self._peers: dict[tuple, np.ndarray] = {}     # (node rank, seg_id) -> uint8 view
         self._staging: Optional[Segment] = None
+        self._shadow: Optional[tuple] = None          # (address, nbytes) of the staged array
         self._allocated: list[Segment] = []
         self._aborted: Optional[str] = None
         self._closed = False
@@ -181,34 +186,44 @@ class ShmTransport(Transport):
     def _path(self, node_rank: int, seg_id: int) -> str:
         return f"{SHM_DIR}/{self.job}-{node_rank}-{seg_id}"
 
+    def _agree(self, failed: bool, what: str) -> list:
+        """Node-wide allgather of a failure flag, bounded by ``setup_timeout`` (never a hang)."""
+        mine, every = np.array([int(failed)], np.int64), np.zeros(self.n, np.int64)
+        req = self.comm.Iallgather(mine, every)
+        if not wait_polling(req.Test, self.setup_timeout, self.aborted_reason):
+            raise CommTimeoutError(f"shm transport on rank {self.rank}: timed out after "
+                                   f"{self.setup_timeout:g} s waiting for the ranks of this node "
+                                   f"{self.ranks} to {what} (did every rank enter the same collective?)")
+        return [self.ranks[i] for i in np.flatnonzero(every)]
+
     def _create(self, nbytes: int):
         """Collective over the node: a new segment per rank, mapped by all, unlinked at once."""
         seg_id = self._next_seg
         self._next_seg += 1
         mine = self._path(self.me, seg_id)
         err, data = None, None
-        try:
-            data = _map(mine, nbytes, create=True)
-        except OSError as e:
-            err = f"rank {self.rank}: cannot create {mine} ({nbytes} bytes): {e}"
-        errors = self.comm.allgather(err)
         views = [None] * self.n
         try:
-            if not any(errors):
+            try:
+                data = _map(mine, nbytes, create=True)
+            except OSError as e:
+                err = f"cannot create {mine} ({nbytes} bytes): {e}"
+            failed = self._agree(err is not None, f"create {nbytes}-byte segments")
+            if not failed:
                 for i in range(self.n):
                     try:
                         views[i] = data if i == self.me else _map(self._path(i, seg_id), nbytes, create=False)
                     except OSError as e:
-                        err = f"rank {self.rank}: cannot map {self._path(i, seg_id)}: {e}"
+                        err = f"cannot map {self._path(i, seg_id)}: {e}"
                         break
-                errors = self.comm.allgather(err)   # everyone has mapped everything (or failed)
+                failed = self._agree(err is not None, "map each other's segments")
         finally:   # every peer has mapped it (or given up): the name is no longer needed
             if data is not None:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(mine)
-        failed = [e for e in errors if e]
         if failed:
-            raise CommError("shm transport: could not set up shared memory: " + "; ".join(failed))
+            raise CommError(f"shm transport on rank {self.rank}: could not set up shared memory on "
+                            f"ranks {failed}" + (f": {err}" if err else ""))
         seg = Segment(seg_id, data)
         self._own[seg_id] = seg
         for i, v in enumerate(views):
@@ -248,7 +263,13 @@ class ShmTransport(Transport):
 
     @contextlib.contextmanager
     def stage(self, flat: np.ndarray):
-        """Work in shared memory: in place if ``flat`` lives there, else in the staging segment.
+        """Make ``flat`` sendable from shared memory for the length of one collective.
+
+        If ``flat`` lives in a segment (``allocate``), sends publish it in place: no copy at all.
+        Otherwise the collective still works on ``flat`` itself, and the staging segment shadows
+        it: a send copies just its own range to the same offset there before publishing it.
+        Receives land straight in ``flat``, so nothing is copied back, and only bytes that are
+        actually sent are copied in (a 2-rank ring all-reduce copies S, not 2S).
 
         Every rank of the node enters stage for the same collective with the same byte count, so
         growing the staging segment (a collective) is decided on the byte count alone.
@@ -263,10 +284,24 @@ class ShmTransport(Transport):
         if not nbytes or self.owns(flat):
             yield flat
             return
-        staged = self._staging.data[:nbytes].view(flat.dtype)
-        np.copyto(staged, flat)
-        yield staged
-        np.copyto(flat, staged)
+        self._shadow = (_address(flat), nbytes)
+        try:
+            yield flat
+        finally:
+            self._shadow = None
+
+    def _where(self, buf: np.ndarray):
+        """(segment, offset) a peer can read ``buf`` at, copying it into staging if shadowed."""
+        addr, nbytes = _address(buf), buf.nbytes
+        found = self._locate(addr, nbytes)
+        if found is not None or self._shadow is None:
+            return found
+        base, total = self._shadow
+        off = addr - base
+        if not (0 <= off and off + nbytes <= total):
+            return None
+        np.copyto(self._staging.data[off:off + nbytes], _bytes(buf))
+        return self._staging.seg_id, off
 
     # ---- point to point --------------------------------------------------------------------
     def _node_rank(self, peer: int) -> int:
@@ -281,7 +316,7 @@ class ShmTransport(Transport):
         p = self._node_rank(peer)
         ordinal = self._out_ord[p][tag]
         self._out_ord[p][tag] = ordinal + 1
-        req = _Send(self, p, tag, ordinal, buf, self._locate(_address(buf), buf.nbytes))
+        req = _Send(self, p, tag, ordinal, buf, self._where(buf))
         if req.where is None:   # not readable by the peer: the payload goes over MPI
             req.mpi_req = self.comm.Isend(_bytes(buf), dest=p, tag=tag)
         self._queued[p].append(req)
@@ -343,11 +378,14 @@ class ShmTransport(Transport):
             req.slot = int(hit[0])
         row = ring[req.slot]
         nbytes = int(row[NBYTES])
-        if nbytes != req.buf.nbytes:
-            raise MismatchError(f"rank {self.rank}: message from rank {self.ranks[req.peer]} (tag "
-                                f"{req.tag}) has {nbytes} bytes, the receive expected {req.buf.nbytes}")
         seg = int(row[SEG])
-        if seg == VIA_MPI:
+        if nbytes != req.buf.nbytes:   # raised when the receive is waited; nothing is written
+            req.error = MismatchError(f"rank {self.rank}: message from rank {self.ranks[req.peer]} "
+                                      f"(tag {req.tag}) has {nbytes} bytes, the receive expected "
+                                      f"{req.buf.nbytes}")
+            if seg == VIA_MPI:   # drain the payload so that the MPI stream stays in step
+                self.comm.Recv(np.empty(nbytes, np.uint8), source=req.peer, tag=req.tag)
+        elif seg == VIA_MPI:
             target = req.buf if req.reduce is None else req.scratch[:req.buf.size]
             if req.mpi is None:
                 req.mpi = self.comm.Irecv(_bytes(target), source=req.peer, tag=req.tag)
