@@ -15,7 +15,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from . import algorithms, executor
-from .buffers import Buffer, as_buffer, check_pair
+from .buffers import Buffer, address, as_buffer, check_pair
 from .errors import CommError, bad_type, bad_value
 from .ops import ReduceOp, divide_by_size, parse_op, reducer
 from .schedule import DEFAULT_SEGMENT_BYTES, chunk
@@ -100,7 +100,7 @@ class Communicator:
         def job(seq):
             off, n = chunk(ob.numel, self.size, self.rank)
             own = ob.flat[off:off + n]
-            if own.ctypes.data != xb.flat.ctypes.data:   # skip the copy when x is out's own chunk
+            if address(own) != address(xb.flat):   # skip the copy when x is out's own chunk
                 own[...] = xb.flat
             self._collective(name, algorithm, ob.flat, ob, seq)
             return out

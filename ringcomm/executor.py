@@ -81,7 +81,8 @@ def run(compiled, transport: Transport, work: np.ndarray, reduce: Optional[Reduc
         return
     base = tag_base(seq)
     deadline = None if timeout is None else time.monotonic() + timeout
-    scratch = [np.empty(max(n for *_, n in lane), dtype=work.dtype) for lane in compiled]
+    # empty_like: scratch lives where work does (numpy, or cupy for CUDA tensors)
+    scratch = [np.empty_like(work, shape=max(n for *_, n in lane)) for lane in compiled]
     position = [0] * len(compiled)
     posted: list = [None] * len(compiled)
     slice_ = None if len(compiled) == 1 else 0.0

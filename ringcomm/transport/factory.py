@@ -53,10 +53,10 @@ def build(mpi_comm, topology: Topology) -> Transport:
     timeout = float(os.environ.get("RINGCOMM_TIMEOUT", 300))
     shm = ShmTransport(node_comm, local, world_rank=rank, world_size=size, setup_timeout=timeout)
     if len(local) == size:
-        return shm
+        return RoutedTransport(rank, size, {p: shm for p in range(size) if p != rank}, [shm], node=shm)
     mpi = MPITransport(mpi_comm)
     routes = {p: (shm if p in shm.local else mpi) for p in range(size) if p != rank}
-    return RoutedTransport(rank, size, routes, [shm, mpi])
+    return RoutedTransport(rank, size, routes, [shm, mpi], node=shm)
 
 
 def describe(transport: Transport) -> dict:

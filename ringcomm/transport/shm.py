@@ -67,7 +67,8 @@ def _check_ordering() -> None:
 
 
 def _address(a) -> int:
-    return a.ctypes.data
+    """Start address of an array's data: host (numpy) or device (cupy) memory."""
+    return a.ctypes.data if isinstance(a, np.ndarray) else a.data.ptr
 
 
 class Segment:
@@ -248,7 +249,7 @@ class ShmTransport(Transport):
         if nbytes < 0 or nbytes % dtype.itemsize:
             raise ValueError(f'allocate got unexpected value for argument "nbytes" (expected a '
                              f'non-negative multiple of {dtype.itemsize}, got {nbytes})')
-        seg, _ = self._create(max(nbytes, 1))
+        seg = self._new_data_segment(max(nbytes, 1))
         self._allocated.append(seg)
         return seg.data[:nbytes].view(dtype)
 
@@ -274,13 +275,14 @@ class ShmTransport(Transport):
         Every rank of the node enters stage for the same collective with the same byte count, so
         growing the staging segment (a collective) is decided on the byte count alone.
         """
+        self._check_array(flat)
         nbytes = flat.nbytes
         if nbytes and (self._staging is None or self._staging.nbytes < nbytes):
             old = self._staging
             size = max(nbytes, 2 * old.nbytes if old else 0)
-            self._staging, _ = self._create(-(-size // GROW_QUANTUM) * GROW_QUANTUM)
+            self._staging = self._new_data_segment(-(-size // GROW_QUANTUM) * GROW_QUANTUM)
             if old is not None:
-                self._drop(old)
+                self._release(old)
         if not nbytes or self.owns(flat):
             yield flat
             return
@@ -300,7 +302,7 @@ class ShmTransport(Transport):
         off = addr - base
         if not (0 <= off and off + nbytes <= total):
             return None
-        np.copyto(self._staging.data[off:off + nbytes], _bytes(buf))
+        self._staging.data[off:off + nbytes] = _bytes(buf)
         return self._staging.seg_id, off
 
     # ---- point to point --------------------------------------------------------------------
@@ -318,7 +320,7 @@ class ShmTransport(Transport):
         self._out_ord[p][tag] = ordinal + 1
         req = _Send(self, p, tag, ordinal, buf, self._where(buf))
         if req.where is None:   # not readable by the peer: the payload goes over MPI
-            req.mpi_req = self.comm.Isend(_bytes(buf), dest=p, tag=tag)
+            req.mpi_req = self._send_outside(buf, p, tag)
         self._queued[p].append(req)
         self._publish(p)
         return req
@@ -397,7 +399,7 @@ class ShmTransport(Transport):
             off = int(row[OFF])
             src = self._peers[(req.peer, seg)][off:off + nbytes].view(req.buf.dtype)
             if req.reduce is None:
-                np.copyto(req.buf, src)
+                req.buf[...] = src
             else:
                 req.reduce(req.buf, src)
             self._after_consume()
@@ -407,6 +409,23 @@ class ShmTransport(Transport):
             self._plain.remove(req)
 
     # Hooks for transports whose segments are device memory (cuda_ipc).
+    def _new_data_segment(self, nbytes: int) -> Segment:
+        """Collective over the node: a segment for work arrays, mapped by every peer."""
+        return self._create(nbytes)[0]
+
+    def _release(self, seg: Segment) -> None:
+        """Collective over the node: forget a superseded staging segment."""
+        self._drop(seg)
+
+    def _check_array(self, flat) -> None:
+        if not isinstance(flat, np.ndarray):
+            raise CommError(f"shm transport on rank {self.rank}: got a {type(flat).__module__}."
+                            f"{type(flat).__name__}; host shared memory carries numpy arrays only")
+
+    def _send_outside(self, buf, p: int, tag: int):
+        """Start sending a buffer that lives in no segment; the receiver sees SEG == VIA_MPI."""
+        return self.comm.Isend(_bytes(buf), dest=p, tag=tag)
+
     def _before_publish(self) -> None:
         pass
 
@@ -446,5 +465,5 @@ class ShmTransport(Transport):
         return {r: self.name for r in self.ranks if r != self.rank}
 
 
-def _bytes(buf) -> np.ndarray:
-    return buf.view(np.uint8).reshape(-1) if buf.size else np.empty(0, np.uint8)
+def _bytes(buf):
+    return buf.reshape(-1).view(np.uint8)

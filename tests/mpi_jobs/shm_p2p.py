@@ -15,8 +15,10 @@ from ringcomm.transport import factory
 from ringcomm.transport.shm import SLOTS, ShmTransport
 
 world = MPI.COMM_WORLD.Dup()
-t = factory.build(world, discover(world))
+routed = factory.build(world, discover(world))
+t = routed.node
 assert isinstance(t, ShmTransport), type(t)
+assert set(routed.describe().values()) == {"shm"}, routed.describe()
 rank, size = t.rank, t.size
 right, left = (rank + 1) % size, (rank - 1) % size
 add = reducer(ReduceOp.SUM, DTYPES["float64"])
