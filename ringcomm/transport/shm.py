@@ -53,6 +53,7 @@ PUB, ACK, TAG, ORD, SEG, OFF, NBYTES = range(7)
 FIELDS = 8                        # 64-byte slots: one cache line each
 HEADER = 8                        # int64 words before the rings; word 0 is the abort flag
 VIA_MPI = -1                      # SEG value: the payload follows over MPI
+EMPTY = -2                        # SEG value: a zero-byte message (barriers), nothing to read
 SHM_DIR = "/dev/shm"
 PREFIX = "ringcomm-"
 GROW_QUANTUM = 1 << 20
@@ -295,6 +296,8 @@ class ShmTransport(Transport):
     def _where(self, buf: np.ndarray):
         """(segment, offset) a peer can read ``buf`` at, copying it into staging if shadowed."""
         addr, nbytes = _address(buf), buf.nbytes
+        if not nbytes:
+            return EMPTY, 0
         found = self._locate(addr, nbytes)
         if found is not None or self._shadow is None:
             return found
@@ -395,7 +398,7 @@ class ShmTransport(Transport):
                 return
             if req.reduce is not None:
                 req.reduce(req.buf, target)
-        else:
+        elif seg != EMPTY:
             off = int(row[OFF])
             src = self._peers[(req.peer, seg)][off:off + nbytes].view(req.buf.dtype)
             if req.reduce is None:
