@@ -176,7 +176,9 @@ class ShmTransport(Transport):
         self._out_ord: list = [defaultdict(int) for _ in range(self.n)]
         self._in_ord: list = [defaultdict(int) for _ in range(self.n)]
         self._queued: list = [deque() for _ in range(self.n)]
-        self._plain: list = []                          # posted copy-receives, serviced eagerly
+        self._seen = [0] * self.n                       # messages discovered per source
+        self._arrived: list = [{} for _ in range(self.n)]   # (tag, ord) -> slot, not yet taken
+        self._plain: list = [{} for _ in range(self.n)]     # (tag, ord) -> posted copy-receive
         words = HEADER + self.n * SLOTS * FIELDS
         ctrl = self._create(words * 8)
         self.header = ctrl[0].data.view(np.int64)[:HEADER]
@@ -341,34 +343,49 @@ class ShmTransport(Transport):
         self._in_ord[p][tag] = ordinal + 1
         req = _Recv(self, p, tag, ordinal, buf, reduce, scratch)
         if reduce is None:
-            self._plain.append(req)
+            self._plain[p][(tag, ordinal)] = req
         self.try_receive(req)
         return req
 
     def _publish(self, p: int) -> None:
-        """Give queued sends to ``p`` free slots: fields first, PUB last (see module doc)."""
+        """Publish queued sends to ``p`` in order: message k goes to slot (k-1) % SLOTS once
+        that slot's previous message is acknowledged; fields first, PUB last (module doc)."""
         queue, ring = self._queued[p], self.rings_out[p]
         while queue:
-            free = np.flatnonzero(ring[:, PUB] == ring[:, ACK])
-            if not free.size:
+            num = self._out_num[p] + 1
+            row = ring[(num - 1) % SLOTS]
+            if row[PUB] != row[ACK]:
                 return
-            for slot in free[:len(queue)]:
-                req = queue.popleft()
-                self._out_num[p] += 1
-                seg, off = req.where if req.where is not None else (VIA_MPI, 0)
-                row = ring[slot]
-                row[TAG], row[ORD], row[SEG], row[OFF], row[NBYTES] = req.tag, req.ord, seg, off, req.buf.nbytes
-                self._before_publish()
-                row[PUB] = self._out_num[p]
-                req.slot, req.num = int(slot), self._out_num[p]
+            req = queue.popleft()
+            self._out_num[p] = num
+            seg, off = req.where if req.where is not None else (VIA_MPI, 0)
+            row[TAG], row[ORD], row[SEG], row[OFF], row[NBYTES] = req.tag, req.ord, seg, off, req.buf.nbytes
+            self._before_publish()
+            row[PUB] = num
+            req.slot, req.num = (num - 1) % SLOTS, num
+
+    def _discover(self, p: int) -> None:
+        """Index the messages ``p`` has published since the last look (PUB numbers are dense)."""
+        ring, seen, arrived = self.rings_in[p], self._seen[p], self._arrived[p]
+        while True:
+            slot = seen % SLOTS
+            if ring[slot, PUB] != seen + 1:
+                break
+            arrived[(int(ring[slot, TAG]), int(ring[slot, ORD]))] = slot
+            seen += 1
+        self._seen[p] = seen
 
     def progress(self) -> None:
+        """Publish what waits for a slot; complete copy-receives whose message is there."""
         for p in range(self.n):
             if self._queued[p]:
                 self._publish(p)
-        if self._plain:
-            for req in list(self._plain):
-                self.try_receive(req)
+            plain = self._plain[p]
+            if plain:
+                self._discover(p)
+                arrived = self._arrived[p]
+                for key in [k for k, req in plain.items() if k in arrived or req.slot >= 0]:
+                    self.try_receive(plain[key])
 
     def try_receive(self, req: _Recv) -> None:
         """Consume ``req``'s message if it has been published; at most once."""
@@ -376,11 +393,13 @@ class ShmTransport(Transport):
             return
         ring = self.rings_in[req.peer]
         if req.slot < 0:
-            hit = np.flatnonzero((ring[:, PUB] > ring[:, ACK]) & (ring[:, TAG] == req.tag)
-                                 & (ring[:, ORD] == req.ord))
-            if not hit.size:
-                return
-            req.slot = int(hit[0])
+            key = (req.tag, req.ord)
+            arrived = self._arrived[req.peer]
+            if key not in arrived:
+                self._discover(req.peer)
+                if key not in arrived:
+                    return
+            req.slot = arrived.pop(key)
         row = ring[req.slot]
         nbytes = int(row[NBYTES])
         seg = int(row[SEG])
@@ -409,7 +428,7 @@ class ShmTransport(Transport):
         row[ACK] = row[PUB]
         req.done = True
         if req.reduce is None:
-            self._plain.remove(req)
+            del self._plain[req.peer][(req.tag, req.ord)]
 
     # Hooks for transports whose segments are device memory (cuda_ipc).
     def _new_data_segment(self, nbytes: int) -> Segment:
@@ -458,7 +477,8 @@ class ShmTransport(Transport):
         if self._closed:
             return
         self._closed = True
-        self._plain.clear()
+        for plain in self._plain:
+            plain.clear()
         self._staging = None
         self._allocated.clear()
         self._own.clear()
