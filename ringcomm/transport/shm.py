@@ -10,10 +10,10 @@ directly from the sender's segment into its own buffer and acknowledges the slot
 completes on that acknowledgement. One pass over the data per receive, no bounce copies.
 
 Control segment of a rank: a header (abort flag) and, per destination on the node, a ring of
-SLOTS descriptor slots of int64 fields [PUB, ACK, TAG, ORD, SEG, OFF, NBYTES]. The sender writes
-TAG..NBYTES and then PUB (its per-destination message number); a slot holds a message while
-PUB > ACK; the receiver reads the fields after seeing PUB > ACK, consumes the payload, then writes
-ACK = PUB. ORD numbers the messages of one (source, destination, tag) stream, so a receive matches
+SLOTS descriptor slots of int64 fields [PUB, ACK, TAG, ORD, SEG, OFF, NBYTES]. Message k to a
+destination goes to slot (k-1) % SLOTS once that slot's previous message is acknowledged; the
+sender writes TAG..NBYTES and then PUB = k. The receiver discovers messages in PUB order, reads
+the fields after seeing PUB, consumes the payload, then writes ACK = PUB. ORD numbers the messages of one (source, destination, tag) stream, so a receive matches
 exactly the message it was posted for even when streams (channels, lanes) interleave.
 
 Memory ordering: the protocol needs stores to become visible in program order (payload and

@@ -13,7 +13,8 @@ import ringcomm
 
 comm = ringcomm.init()
 t = comm.transport
-print(f"job {t.node.job}", flush=True)
+if comm.rank == 0:
+    print(f"job {t.node.job}", flush=True)
 bucket = t.allocate(1 << 20, np.float32)            # an allocated segment
 comm.all_reduce(np.ones(1 << 20, np.float32))       # and a staging segment
 if comm.rank == 1:
