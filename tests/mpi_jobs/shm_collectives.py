@@ -102,6 +102,16 @@ if hasattr(comm.transport, "allocate"):
     comm.all_reduce(bucket, op="avg")
     assert np.all(bucket == (size + 1) / 2), bucket[:4]
     checked += 1
+# several async collectives in flight at once, over the same segments, completing in issue order
+xs = [np.full(70_001 * (k + 1), float(rank + k), np.float32) for k in range(4)]
+works = [comm.all_reduce(x, async_op=True) for x in xs]
+works.append(comm.broadcast(xs[0], root=size - 1, async_op=True))
+for w in works:
+    w.wait(60)
+for k, x in enumerate(xs[1:], 1):
+    assert np.all(x == sum(r + k for r in range(size))), (k, x[:4])
+assert np.all(xs[0] == sum(range(size))), xs[0][:4]
+checked += len(works)
 comm.barrier()
 comm.transport.close()
 print(f"rank {rank} ok {checked} {sorted(routes.values())}")
