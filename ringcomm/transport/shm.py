@@ -185,6 +185,9 @@ class ShmTransport(Transport):
         self.rings_out = ctrl[0].data.view(np.int64)[HEADER:].reshape(self.n, SLOTS, FIELDS)
         self.peer_header = [v.view(np.int64)[:HEADER] for v in ctrl[1]]
         self.rings_in = [v.view(np.int64)[HEADER:].reshape(self.n, SLOTS, FIELDS)[self.me] for v in ctrl[1]]
+        # A first staging segment now, while every rank is here: collectives of up to this size
+        # (where a rank's program can be empty and skip stage) never need a growth handshake.
+        self._staging = self._new_data_segment(GROW_QUANTUM)
 
     # ---- segments --------------------------------------------------------------------------
     def _path(self, node_rank: int, seg_id: int) -> str:
