@@ -6,7 +6,6 @@ when a rank was SIGKILLed (segments are unlinked as soon as every peer has mappe
 import os
 import re
 
-import numpy as np
 import pytest
 
 from mpi_util import run_mpi
@@ -72,7 +71,7 @@ def test_sigkill_leaves_nothing_in_dev_shm():
     assert leftovers(jobs[0]) == []
 
 
-def test_segments_are_owner_only(tmp_path):
+def test_segments_are_owner_only():
     path = f"{shm.SHM_DIR}/{shm.PREFIX}test-{os.getpid()}"
     try:
         data = shm._map(path, 4096, create=True)

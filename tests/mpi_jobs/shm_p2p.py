@@ -8,7 +8,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from ringcomm.errors import CommTimeoutError, MismatchError, PeerAbortedError
+from ringcomm.errors import MismatchError, PeerAbortedError
 from ringcomm.ops import ReduceOp, DTYPES, reducer
 from ringcomm.topology import discover
 from ringcomm.transport import factory
