@@ -20,7 +20,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..errors import PeerAbortedError
+from ..errors import PeerAbortedError, UsageError
 from .base import Request, Transport
 
 SPIN_SECONDS = 50e-6
@@ -74,6 +74,10 @@ class MPITransport(Transport):
 
     @staticmethod
     def _bytes(buf: np.ndarray):
+        if not isinstance(buf, np.ndarray):   # a cupy array: this MPI cannot read device memory
+            raise UsageError(f"the MPI transport carries host arrays only, got {type(buf).__module__}."
+                             f"{type(buf).__name__}; CUDA tensors go over CUDA IPC within a node or "
+                             f"the nccl backend across nodes")
         return buf.view(np.uint8).reshape(-1) if buf.size else np.empty(0, np.uint8)
 
     def isend(self, buf, peer, tag):
