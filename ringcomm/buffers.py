@@ -69,11 +69,31 @@ def _torch_buffer(x, collective: str, argument: str) -> Buffer:
     if not x.is_contiguous():
         raise bad_value(collective, argument, "a contiguous tensor (call .contiguous() first)",
                         f"a non-contiguous tensor with strides {tuple(x.stride())}")
+    if x.device.type == "cuda":
+        return Buffer(x, _cuda_flat(x, name, collective, argument), DTYPES[name], "torch", "cuda")
     if x.device.type != "cpu":
-        raise bad_value(collective, argument, "a CPU tensor for this backend", f"a tensor on {x.device}")
+        raise bad_value(collective, argument, "a CPU or CUDA tensor", f"a tensor on {x.device}")
     t = x.detach().reshape(-1)
     flat = t.view(torch.int16).numpy().view(np.uint16) if name == "bfloat16" else t.numpy()
     return Buffer(x, flat, DTYPES[name], "torch", "cpu")
+
+
+def _cuda_flat(x, name: str, collective: str, argument: str):
+    """A flat cupy view of a CUDA tensor's memory (DLPack: no copy); bf16 as uint16 bits."""
+    try:
+        import cupy
+    except ImportError:
+        raise bad_value(collective, argument, "a CPU tensor (CUDA tensors need cupy: "
+                        "pip install cupy-cuda12x)", f"a tensor on {x.device}") from None
+    t = x.detach().reshape(-1)
+    if name == "bfloat16":   # cupy has no bfloat16: carry the bits, ops.py widens them
+        return cupy.from_dlpack(t.view(torch.int16)).view(cupy.uint16)
+    return cupy.from_dlpack(t)
+
+
+def address(a) -> int:
+    """Start address of a flat array's data, host (numpy) or device (cupy)."""
+    return a.ctypes.data if isinstance(a, np.ndarray) else a.data.ptr
 
 
 # Keyed by numpy dtype (native byte order only): ``x.dtype.name`` costs ~2 us a call, a dict hit 0.1.

@@ -146,7 +146,8 @@ def run(compiled, transport: Transport, work: np.ndarray, reduce: Optional[Reduc
 
 
 def _run_lane(lane, transport, work, reduce, base, watch: _Watch) -> None:
-    scratch = np.empty(_scratch_size(lane), dtype=work.dtype)
+    # empty_like: scratch lives where work does (numpy, or cupy for CUDA tensors)
+    scratch = np.empty_like(work, shape=_scratch_size(lane))
     for k, (step, late_reduce, _) in enumerate(lane):
         posted = _Step(step, late_reduce, transport, work, scratch, reduce, base)
         if not posted.advance(0.0):
@@ -156,7 +157,7 @@ def _run_lane(lane, transport, work, reduce, base, watch: _Watch) -> None:
 
 
 def _run_lanes(compiled, transport, work, reduce, base, watch: _Watch) -> None:
-    scratch = [np.empty(_scratch_size(lane), dtype=work.dtype) for lane in compiled]
+    scratch = [np.empty_like(work, shape=_scratch_size(lane)) for lane in compiled]
     position = [0] * len(compiled)
     posted: list = [None] * len(compiled)
     slice_ = 0.0

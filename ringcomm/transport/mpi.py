@@ -20,7 +20,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..errors import PeerAbortedError
+from ..errors import PeerAbortedError, UsageError
 from .base import Request, Transport
 
 SPIN_SECONDS = 50e-6
@@ -77,6 +77,10 @@ class MPITransport(Transport):
         self._byte = MPI.BYTE
 
     def _bytes(self, buf: np.ndarray):
+        if not isinstance(buf, np.ndarray):   # a cupy array: this MPI cannot read device memory
+            raise UsageError(f"the MPI transport carries host arrays only, got {type(buf).__module__}."
+                             f"{type(buf).__name__}; CUDA tensors go over CUDA IPC within a node or "
+                             f"the nccl backend across nodes")
         # [buf, BYTE] instead of a uint8 view: mpi4py takes ~2 us longer per call to parse a view.
         return [buf, self._byte]
 

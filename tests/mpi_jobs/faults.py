@@ -38,4 +38,8 @@ try:
     outcome = "ok"
 except ringcomm.CommError as err:
     outcome = f"{type(err).__name__}: {err}"
-print(f"rank {comm.rank} after {time.monotonic() - start:.2f}s: {outcome}", flush=True)
+report = f"rank {comm.rank} after {time.monotonic() - start:.2f}s: {outcome}\n"
+# One file per rank: hydra may splice lines of different ranks on the shared stdout.
+with open(os.path.join(os.environ["FAULTS_OUT"], f"rank{comm.rank}.txt"), "w") as f:
+    f.write(report)
+print(report, end="", flush=True)
