@@ -23,6 +23,7 @@ import numpy as np
 
 from ringcomm import algorithms, executor
 from ringcomm.buffers import as_buffer
+from ringcomm.envelope import Envelope
 from ringcomm.communicator import Communicator
 from ringcomm.ops import ReduceOp, reducer
 from ringcomm.schedule import DEFAULT_SEGMENT_BYTES
@@ -57,6 +58,7 @@ def phases(nbytes: int, size: int, number: int, repeat: int) -> list[tuple[str, 
     seg = DEFAULT_SEGMENT_BYTES // 4
     program = algorithms.plan("all_reduce", chosen, 0, size, x.size, 0, seg)
     red = reducer(ReduceOp.SUM, buf.dtype)
+    envelope = Envelope(1, "all_reduce", "float32", x.size)
     rows = [
         (f"all_reduce(x), whole call (auto -> {chosen})", lambda: comm.all_reduce(x)),
         (f"all_reduce(x, algorithm={chosen!r})", lambda: comm.all_reduce(x, algorithm=chosen)),
@@ -65,8 +67,10 @@ def phases(nbytes: int, size: int, number: int, repeat: int) -> list[tuple[str, 
         ("  selector.choose", lambda: comm.selector.choose("all_reduce", x.nbytes, size)),
         ("  algorithms.plan (cached program)", lambda: algorithms.plan("all_reduce", chosen, 0, size, x.size, 0, seg)),
         ("  reducer(op, dtype)", lambda: reducer(ReduceOp.SUM, buf.dtype)),
-        ("  executor.run over the null transport", lambda: executor.run(program, comm.transport, x, red, seq=1,
-                                                                         timeout=300.0, what="w")),
+        ("  Envelope (what peers check the call against)", lambda: Envelope(1, "all_reduce", "float32", x.size)),
+        ("  executor.run over the null transport", lambda: executor.run(program, comm.transport, x, red,
+                                                                         envelope=envelope, timeout=300.0,
+                                                                         what="w")),
         ("  one reduction kernel np.add(out=)", lambda: red(x, x)),
     ]
     with np.errstate(all="ignore"):   # null receives leave scratch as it was: its sums mean nothing
@@ -125,18 +129,27 @@ def main() -> None:
     world = MPI.COMM_WORLD
     size = max(2, world.Get_size())
     if world.Get_rank() != 0:   # idle without spinning, so rank 0 times phases on a quiet core
+        give_up = time.monotonic() + 600
         while not world.Iprobe(source=0, tag=77):
+            if time.monotonic() > give_up:
+                raise SystemExit("rank 0 never finished its in-process phases")
             time.sleep(0.002)
         world.recv(source=0, tag=77)
     else:
-        print(f"# library cost of one all_reduce of {args.bytes} B float32 on {size} ranks, no byte moved "
-              f"(NullTransport), thread CPU time, best of {args.repeat} x {args.number}")
-        for label, us in phases(args.bytes, size, args.number, args.repeat):
-            print(f"{us:9.2f} us  {label}")
-        for peer in range(1, world.Get_size()):
-            world.send(None, dest=peer, tag=77)
+        try:
+            print_phases(args, size)
+        finally:   # release the other ranks even if the phases fail
+            for peer in range(1, world.Get_size()):
+                world.send(None, dest=peer, tag=77)
     if world.Get_size() > 1:
         real_calls(world, args.bytes, args.number, args.repeat, args.top)
+
+
+def print_phases(args, size: int) -> None:
+    print(f"# library cost of one all_reduce of {args.bytes} B float32 on {size} ranks, no byte moved "
+          f"(NullTransport), thread CPU time, best of {args.repeat} x {args.number}")
+    for label, us in phases(args.bytes, size, args.number, args.repeat):
+        print(f"{us:9.2f} us  {label}")
 
 
 if __name__ == "__main__":

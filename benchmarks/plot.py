@@ -20,6 +20,7 @@ def plot_rows(rows: list[dict], path: str, title: str = "") -> None:
         raise SystemExit(f"--plot needs matplotlib (pip install 'ringcomm[plot]'): {exc}") from None
     collectives = sorted({r["collective"] for r in rows})
     fig, axes = plt.subplots(1, len(collectives), figsize=(7 * len(collectives), 4.5), squeeze=False)
+    colors = plt.get_cmap("tab20").colors
     for ax, collective in zip(axes[0], collectives):
         lines: dict[str, list] = {}
         for r in rows:
@@ -33,11 +34,12 @@ def plot_rows(rows: list[dict], path: str, title: str = "") -> None:
                 lines.setdefault(label, []).append((r["size"], y))
         for label, points in sorted(lines.items()):
             points.sort()
-            style = {}
+            style = {"color": colors[sorted(lines).index(label) % len(colors)]}
             if label.startswith("floor"):
-                style = dict(linestyle="--" if "x+=y" in label else ":", color="grey")
+                style = dict(linestyle="--" if "x+=y" in label else ":", color="black", alpha=0.6)
             ax.plot([p[0] for p in points], [p[1] for p in points], marker=".", label=label, **style)
         ax.set_xscale("log", base=2)
+        ax.set_yscale("log")   # small sizes sit orders of magnitude below the floor
         ax.set_xlabel("size (bytes)")
         ax.set_ylabel("busbw (GB/s)")
         ax.set_title(f"{collective}" + (f", {title}" if title else ""))
