@@ -109,3 +109,7 @@ for step in range(4):
 print("check torch_ddp_matches_gloo ok", flush=True)
 dist.destroy_process_group()
 print(f"rank {R} done", flush=True)
+# Every check above has passed. Skip interpreter teardown: once in about ten runs a C++ static
+# destructor of torch's gloo/TCPStore side aborts ("terminate called without an active
+# exception") after the process group is already destroyed, which says nothing about ringcomm.
+os._exit(0)
