@@ -50,8 +50,16 @@ class Network:
 
     @property
     def link(self) -> Link:
-        """The one link a flat algorithm sees: its slowest."""
-        return self.inter if self.nodes > 1 else self.intra
+        """The one link a flat algorithm sees: its slowest. A flat algorithm does not coordinate
+        who crosses between nodes when, so where ranks share network cards it is priced as if all
+        of a node's ranks crossed at once (exact for recursive doubling and Rabenseifner's long
+        rounds, pessimistic for a ring whose neighbours sit on the same node)."""
+        if self.nodes == 1:
+            return self.intra
+        if self.nics:
+            share = max(1.0, max(self.local_sizes) / self.nics)
+            return replace(self.inter, beta=self.inter.beta * share)
+        return self.inter
 
     # A Network stands in for a Link wherever a flat algorithm's cost() expects one.
     @property

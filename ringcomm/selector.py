@@ -25,7 +25,7 @@ from typing import Optional
 from . import algorithms
 from .cost import Link, Network
 from .errors import UsageError
-from .tune import DEFAULT_TUNING, Tuning, load_tuning
+from .tuning import DEFAULT_TUNING, Tuning, load_tuning
 
 log = logging.getLogger("ringcomm.selector")
 

@@ -20,6 +20,8 @@ Cost (intra link a_i, b_i; inter link a_e, b_e; S bytes; m ranks per node; N nod
   + 2(N-1) a_e + 2(N-1)/N (S/m) b_e + (N-1)/N (S/m) g      ring all-reduce of the shard
   + (m-1) a_i + (m-1)/m S b_i                              all-gather in the node
   + e (2 a_i + 2 S b_i + S g) with e = ceil((M - m)/m)      folding extras, if M > m
+On one node, or one rank per node, this is a flat ring: it then states the ring's cost exactly,
+and the selector, which keeps the first of equal candidates in registry order, runs "ring".
 Against a flat ring, it pays 2(N-1) + 2(m-1) latencies instead of 2(Nm-1), and only S/m of
 each rank's bytes cross nodes: it wins when the inter-node link is much slower than the intra.
 """
@@ -80,6 +82,12 @@ def hierarchical_steps(rank: int, groups: list, off: int, count: int, seg: int, 
     return steps
 
 
+def degenerate(net: Network) -> bool:
+    """On one node, or with one rank per node, the phases collapse into a flat algorithm that
+    the registry already offers (registered earlier) under its own name."""
+    return net.nodes == 1 or max(net.local_sizes) == 1
+
+
 def node_terms(nbytes: float, net: Network) -> tuple:
     """(shard bytes per rank, seconds of the intra-node phases and the fold, the inter Link as
     each rank sees it while m rings share the node's network cards)."""
@@ -110,7 +118,7 @@ class HierarchicalAllReduce(Algorithm):
 
     def cost(self, nbytes, size, link) -> float:
         net = as_network(link, size)
-        if net.size == 1:
-            return 0.0
+        if degenerate(net):   # the same steps as a flat ring: the same price, and ring wins the tie
+            return RingAllReduce().cost(nbytes, net.size, net)
         shard, inside, inter = node_terms(nbytes, net)
         return inside + RingAllReduce().cost(shard, net.nodes, inter)

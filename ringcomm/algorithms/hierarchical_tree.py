@@ -10,14 +10,16 @@ nodes at small and mid sizes once there are many nodes. Identical bits everywher
 root computes its half of the shard in a fixed order (node, left child, right child).
 
 Cost: the intra-node phases and fold of ``hierarchical`` plus the double tree's own cost
-(``tree.py``) on the shard S/m over N nodes.
+(``tree.py``) on the shard S/m over N nodes; on one node, or with one rank per node, exactly
+the cost of the flat algorithm it then amounts to, which the selector prefers on a tie.
 """
 from __future__ import annotations
 
 from ..cost import as_network
 from ..schedule import Lanes, chunk, compact
 from .base import Algorithm
-from .hierarchical import hierarchical_steps, node_groups, node_terms
+from .hierarchical import degenerate, hierarchical_steps, node_groups, node_terms
+from .ring import RingAllReduce
 from .tree import TreeAllReduce, heap_links, tree_steps
 
 
@@ -51,7 +53,8 @@ class HierarchicalTreeAllReduce(Algorithm):
 
     def cost(self, nbytes, size, link) -> float:
         net = as_network(link, size)
-        if net.size == 1:
-            return 0.0
+        if degenerate(net):   # one node: two half rings; one rank per node: the flat double tree
+            flat = RingAllReduce() if net.nodes == 1 else TreeAllReduce()
+            return flat.cost(nbytes, net.size, net)
         shard, inside, inter = node_terms(nbytes, net)
         return inside + TreeAllReduce().cost(shard, net.nodes, inter)
