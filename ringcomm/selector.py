@@ -6,7 +6,8 @@ of each collective, each states its own cost, and a ``Tuning`` (built-in default
 one byte reduced cost on each transport. For a call the selector builds the ``Network`` the call
 runs over (intra-node link, inter-node link, ranks on each node), asks every candidate for its
 predicted time and takes the smallest. Where the tuning file also holds a measured sweep for
-exactly this job shape, measured times replace predicted ones (a measurement beats a model).
+exactly this job shape, the measurement overrules the model, but only where it disagrees by more
+than MEASURED_MARGIN: a shared machine's noise then cannot make the choice flip between sizes.
 
 ``RINGCOMM_ALGO`` forces a choice ("ring", or "all_reduce=ring,broadcast=pipeline");
 ``explain`` returns the whole table so a user can see why; ``RINGCOMM_DEBUG=info`` logs the
@@ -28,6 +29,20 @@ from .errors import UsageError
 from .tuning import DEFAULT_TUNING, Tuning, load_tuning
 
 log = logging.getLogger("ringcomm.selector")
+MEMO_LIMIT = 4096   # distinct (collective, bytes, shape) choices remembered per selector
+MEASURED_MARGIN = 1.10   # the model's pick stands unless measured more than 10% slower than the best
+
+
+def decide(predicted: dict, measured: dict) -> tuple:
+    """(algorithm, reason) from the model's table and, where there is one, the measured one."""
+    pick = min(predicted, key=predicted.get)
+    if measured and pick in measured:
+        best = min(measured, key=measured.get)
+        if measured[pick] > MEASURED_MARGIN * measured[best]:
+            return best, (f"measured on this machine: {pick} (model's pick) was "
+                          f"{measured[pick] / measured[best]:.2f}x slower than {best}")
+        return pick, "lowest predicted time, confirmed by this machine's tuning sweep"
+    return pick, "lowest predicted time"
 
 
 @dataclass
@@ -62,16 +77,11 @@ def routes_of(transport) -> tuple:
     return name, name
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=8192)
 def predict(collective: str, nbytes: int, net: Network) -> tuple:
     """((name, predicted seconds), ...) for every algorithm of ``collective``, registry order."""
     return tuple((name, algorithms.get(collective, name).cost(nbytes, net.size, net))
                  for name in algorithms.names(collective))
-
-
-def _bucket(nbytes: int) -> int:
-    """Round up to a power of two so the cache stays small; predicted costs are smooth in size."""
-    return 1 << max(0, (nbytes - 1).bit_length())
 
 
 def parse_forced(spec: Optional[str], source: str = "RINGCOMM_ALGO") -> dict:
@@ -129,6 +139,7 @@ class Selector:
         for collective, name in self.forced.items():
             algorithms.get(collective, name)
         self._networks: dict = {}
+        self._memo: dict = {}
 
     @classmethod
     def from_env(cls) -> "Selector":
@@ -155,28 +166,27 @@ class Selector:
         choice = Choice(collective, nbytes, size, "", predicted, "", measured, net)
         if collective in self.forced:
             choice.algorithm, choice.reason = self.forced[collective], "forced by RINGCOMM_ALGO"
-        elif measured:
-            choice.algorithm = min(measured, key=measured.get)
-            choice.reason = "fastest in this machine's tuning sweep for this job shape"
         else:
-            choice.algorithm = min(predicted, key=predicted.get)
-            choice.reason = "lowest predicted time"
+            choice.algorithm, choice.reason = decide(predicted, measured)
         return choice
 
     def choose(self, collective: str, nbytes: int, size: int, *, dtype: str = "float32", nodes=None,
                transport=None) -> str:
+        """The algorithm for one call; memoised per distinct call shape (a training loop repeats
+        a handful of them), so this costs a dict lookup after the first call."""
         forced = self.forced.get(collective)
         if forced is not None:
             return forced
         routes = routes_of(transport) if transport is not None else ("mpi", "mpi")
-        return self._choose(collective, _bucket(nbytes), size, dtype, nodes, routes)
-
-    @lru_cache(maxsize=4096)
-    def _choose(self, collective, nbytes, size, dtype, nodes, routes) -> str:
-        net = self.network(size, nodes, dtype, routes)
-        measured = self.tuning.measured_times(collective, nbytes, net.local_sizes, routes)
-        table = measured or dict(predict(collective, nbytes, net))
-        return min(table, key=table.get)
+        key = (collective, nbytes, size, dtype, nodes, routes)
+        name = self._memo.get(key)
+        if name is None:
+            if len(self._memo) >= MEMO_LIMIT:
+                self._memo.clear()
+            net = self.network(size, nodes, dtype, routes)
+            measured = self.tuning.measured_times(collective, nbytes, net.local_sizes, routes)
+            name = self._memo[key] = decide(dict(predict(collective, nbytes, net)), measured)[0]
+        return name
 
 
 def describe(choice: Choice) -> str:

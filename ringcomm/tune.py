@@ -1,14 +1,15 @@
 """Measure this machine and write the tuning file the selector reads.
 
     mpirun -n 2 python -m ringcomm.tune [--out PATH] [--max-size 32M] [--quick]
+    mpirun -n 2 python -m ringcomm.tune --check     # auto vs every forced algorithm, writes nothing
 
 1. alpha and beta per transport: ping-pong through the real executor (so alpha includes the
    Python per-step overhead every algorithm pays) between two ranks of one node, and between two
    ranks of different nodes when the job has several (``RINGCOMM_NODE_ID`` can pretend);
    a least-squares fit of t(S) = alpha + S beta, weighted so small and large sizes count alike.
 2. gamma per dtype: the reduction kernel itself, timed on rank 0.
-3. the real crossover points: every all-reduce algorithm, interleaved, at sizes 8 B .. 32 MiB
-   (medians). The selector uses these measured times for exactly this job shape and the fitted
+3. the real crossover points: every all-reduce algorithm, interleaved, at every doubling from
+   8 B to 32 MiB (medians of --rounds samples). The selector uses these measured times for exactly this job shape and the fitted
    model everywhere else.
 
 The file goes to ``--out``, else ``RINGCOMM_TUNING_FILE``, else ~/.cache/ringcomm/tuning.json
@@ -39,6 +40,40 @@ def fit_link(points) -> tuple:
     alpha = float(alpha) if alpha > 0 else smallest
     beta = float(beta) if beta > 0 else float(times.max() / sizes.max())
     return alpha, beta
+
+
+def fit_alpha(sizes, seconds: dict, link, local_sizes: tuple) -> tuple:
+    """(alpha, fixed per-call seconds) that best explain the measured collectives, given beta and
+    gamma: every algorithm's cost is linear in alpha, so this is a least-squares line through
+    all (algorithm, size) points, relative errors, refitted once without gross outliers (bursts
+    of load on a shared machine). Alpha as the collectives feel it includes what a ping-pong
+    misses: posting several ops per step, and waiting for a descheduled peer when ranks
+    outnumber cores. None when the data cannot say (too few points, or a non-positive fit)."""
+    import numpy as np
+
+    from . import algorithms
+    from .cost import Link, Network
+
+    def cost(name, nbytes, unit):
+        return algorithms.get("all_reduce", name).cost(nbytes, sum(local_sizes), Network(unit, unit, local_sizes))
+    rows, rhs = [], []
+    for name, times in seconds.items():
+        for nbytes, t in zip(sizes, times):
+            fixed = cost(name, nbytes, Link(0.0, link.beta, link.gamma))
+            steps = cost(name, nbytes, Link(1.0, 0.0, 0.0))
+            rows.append((1.0 / t, steps / t))
+            rhs.append((t - fixed) / t)
+    if len(rows) < 4:
+        return None
+    design, target = np.array(rows), np.array(rhs)
+    keep = np.ones(len(rows), bool)
+    for _ in range(2):
+        (overhead, alpha), *_ = np.linalg.lstsq(design[keep], target[keep], rcond=None)
+        residual = np.abs(design @ np.array([overhead, alpha]) - target)
+        keep = residual <= max(3 * np.median(residual), 0.05)
+    if not alpha > 0:
+        return None
+    return float(alpha), float(max(overhead, 0.0))
 
 
 def measure_link(comm, a: int, b: int, sizes, budget: float):
@@ -101,30 +136,34 @@ def measure_gammas(budget: float = 0.05) -> dict:
     return out
 
 
-def sweep_all_reduce(comm, sizes, rounds: int, budget: float) -> dict:
-    """Median seconds of each all-reduce algorithm at each size, algorithms interleaved."""
-    import numpy as np
-
+def candidates(comm) -> list:
+    """The all-reduce algorithms worth timing on this job: on one node (or one rank per node) the
+    hierarchical schedules are plain rings and trees, so they are not timed twice."""
     from . import algorithms
     from .algorithms.hierarchical import degenerate
     from .cost import DEFAULT_LINK, Network
     from .selector import local_sizes
     shape = Network(DEFAULT_LINK, DEFAULT_LINK, local_sizes(comm.topology.node_of, comm.size))
-    # On one node (or one rank per node) the hierarchical schedules are plain rings and trees.
-    names = [n for n in algorithms.names("all_reduce")
-             if not (getattr(algorithms.get("all_reduce", n), "topology_aware", False) and degenerate(shape))]
+    return [n for n in algorithms.names("all_reduce")
+            if not (getattr(algorithms.get("all_reduce", n), "topology_aware", False) and degenerate(shape))]
+
+
+def time_all_reduce(comm, sizes, names, rounds: int, budget: float) -> dict:
+    """Median seconds per call of each algorithm (None: the selector's choice) at each size.
+    Algorithms are interleaved within every round, so a burst of load elsewhere on a shared
+    machine hits them all alike; each sample times enough calls to last about ``budget``."""
+    import numpy as np
     seconds = {name: [] for name in names}
     for nbytes in sizes:
         x = np.zeros(max(1, nbytes // 4), np.float32)   # sums stay finite however often they run
-        comm.all_reduce(x, algorithm="ring")                     # warm the plan caches
+        for name in names:
+            comm.all_reduce(x, algorithm=name)               # plans cached before timing
         probe = time.perf_counter()
         comm.all_reduce(x, algorithm="ring")
         per = np.array([time.perf_counter() - probe])
-        comm.broadcast(per)                                       # every rank runs the same count
-        iters = int(max(1, min(50, budget / max(per[0], 1e-6))))
+        comm.broadcast(per)                                   # every rank runs the same count
+        iters = int(max(1, min(100, budget / max(per[0], 1e-6))))
         samples = {name: [] for name in names}
-        for name in names:
-            comm.all_reduce(x, algorithm=name)                    # plan cached before timing
         for _ in range(rounds):
             for name in names:
                 comm.barrier()
@@ -135,6 +174,28 @@ def sweep_all_reduce(comm, sizes, rounds: int, budget: float) -> dict:
         for name in names:
             seconds[name].append(statistics.median(samples[name]))
     return seconds
+
+
+def check(comm, sizes, rounds: int, budget: float) -> int:
+    """Auto against every forced algorithm, interleaved; prints the table, returns how many sizes
+    auto was more than 10% slower than the best."""
+    from .selector import routes_of
+    names = candidates(comm)
+    seconds = time_all_reduce(comm, sizes, [None] + names, rounds, budget)
+    misses = 0
+    if comm.rank == 0:
+        print(f"{'bytes':>10} {'auto picks':<20}{'best forced':<20}{'auto':>11}{'best':>11}{'ratio':>7}")
+        for i, nbytes in enumerate(sizes):
+            best = min(names, key=lambda n: seconds[n][i])
+            pick = comm.selector.choose("all_reduce", max(1, nbytes // 4) * 4, comm.size, nodes=comm.topology.node_of,
+                                        transport=comm.transport)
+            ratio = seconds[None][i] / seconds[best][i]
+            misses += ratio > 1.10
+            print(f"{nbytes:>10} {pick:<20}{best:<20}{seconds[None][i] * 1e6:>9.1f}us"
+                  f"{seconds[best][i] * 1e6:>9.1f}us{ratio:>7.2f}{'  > 10%' if ratio > 1.10 else ''}")
+        print(f"auto within 10% of the best forced algorithm at {len(sizes) - misses} of {len(sizes)} sizes "
+              f"(routes {routes_of(comm.transport)}, tuning: {comm.selector.tuning.source})")
+    return misses
 
 
 def crossovers(sizes, seconds: dict) -> list:
@@ -167,8 +228,6 @@ def _communicator():
 def main(argv=None) -> int:
     import argparse
 
-    import numpy as np
-
     from .selector import Selector, predict, routes_of
     parser = argparse.ArgumentParser(prog="python -m ringcomm.tune", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", help="where to write (default: RINGCOMM_TUNING_FILE or "
@@ -176,12 +235,25 @@ def main(argv=None) -> int:
     parser.add_argument("--max-size", default="32M", help="largest all-reduce size swept (default 32M)")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per size (default 5)")
     parser.add_argument("--quick", action="store_true", help="fewer sizes and rounds (a smoke test)")
+    parser.add_argument("--check", action="store_true",
+                        help="write nothing: time auto (with the current tuning file) against every "
+                             "forced algorithm and report where auto is more than 10%% off the best")
     args = parser.parse_args(argv)
     started = time.perf_counter()
+    top = parse_size(args.max_size)
+    sizes = [8 << k for k in range(40) if 8 << k <= top]     # every doubling from 8 B
+    if args.quick:
+        sizes = sizes[::3]
     comm = _communicator()
     topo = comm.topology
     if comm.size < 2:
         raise SystemExit("ringcomm.tune needs at least 2 ranks: mpirun -n 2 python -m ringcomm.tune")
+    if args.check:
+        comm.selector = Selector.from_env()
+        check(comm, sizes, args.rounds, 0.01 if args.quick else 0.03)
+        comm.barrier()
+        comm.close()
+        return 0
     intra_route, inter_route = routes_of(comm.transport)
     pairs = {}
     same = [r for r in range(1, comm.size) if topo.same_node(0, r)]
@@ -198,16 +270,20 @@ def main(argv=None) -> int:
         if comm.rank == 0:
             links[route] = fitted
     gammas = measure_gammas() if comm.rank == 0 else None
-    top = parse_size(args.max_size)
-    sizes = [8 << (2 * k) for k in range(20) if 8 << (2 * k) <= top]
-    if args.quick:
-        sizes = sizes[::2]
-    seconds = sweep_all_reduce(comm, sizes, 2 if args.quick else args.rounds, 0.01 if args.quick else 0.03)
+    names = candidates(comm)
+    seconds = time_all_reduce(comm, sizes, names, 2 if args.quick else args.rounds, 0.01 if args.quick else 0.03)
     if comm.rank == 0:
         from .selector import local_sizes
         shape = local_sizes(topo.node_of, comm.size)
         sweep = Sweep("all_reduce", shape, (intra_route, inter_route), "float32", tuple(sizes),
                       {k: tuple(v) for k, v in seconds.items()})
+        if intra_route == inter_route and intra_route in pairs:   # one link: calibrate its alpha
+            alpha_b = links[intra_route]
+            fitted = fit_alpha(sizes, seconds, Tuning(links, gammas).link(intra_route), shape)
+            if fitted is not None:
+                links[intra_route] = (fitted[0], alpha_b[1])
+                print(f"{intra_route}: ping-pong alpha {alpha_b[0] * 1e6:.2f} us; alpha as the collectives feel it "
+                      f"{fitted[0] * 1e6:.2f} us, plus {fitted[1] * 1e6:.1f} us per call")
         path = Path(args.out).expanduser() if args.out else default_path()
         # Keep the sweeps of other job shapes (tune at -n 2, then at -n 4, into one file).
         kept = ()

@@ -43,20 +43,32 @@ class Sweep:
     dtype: str
     sizes: tuple          # bytes, ascending
     seconds: dict         # algorithm -> tuple of seconds, one per size
+    smooth: dict = field(init=False, compare=False, repr=False)   # seconds, median3 over sizes
 
     def at(self, nbytes: int) -> dict:
         """Times at ``nbytes``, interpolated in log-log between the two measured neighbours;
-        empty outside the measured range (the model answers there)."""
+        empty outside the measured range (the model answers there). Each algorithm's series is
+        first smoothed by a running median of three sizes: a burst of load that spoiled one size
+        is dropped, a real crossover (which persists over sizes) stays."""
         sizes = self.sizes
         if not sizes or nbytes < sizes[0] or nbytes > sizes[-1]:
             return {}
+        series = self.smooth
         hi = next(i for i, s in enumerate(sizes) if s >= nbytes)
         lo = max(hi - 1, 0)
         if sizes[hi] == nbytes or lo == hi:
-            return {name: ts[hi] for name, ts in self.seconds.items()}
+            return {name: ts[hi] for name, ts in series.items()}
         w = math.log(nbytes / sizes[lo]) / math.log(sizes[hi] / sizes[lo])
         return {name: math.exp((1 - w) * math.log(ts[lo]) + w * math.log(ts[hi]))
-                for name, ts in self.seconds.items()}
+                for name, ts in series.items()}
+
+    def __post_init__(self):
+        object.__setattr__(self, "smooth", {name: median3(ts) for name, ts in self.seconds.items()})
+
+
+def median3(ts) -> tuple:
+    """Running median over each point and its two neighbours (end points kept)."""
+    return tuple(sorted(ts[i - 1:i + 2])[1] if 0 < i < len(ts) - 1 else ts[i] for i in range(len(ts)))
 
 
 @dataclass(frozen=True)

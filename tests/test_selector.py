@@ -33,9 +33,7 @@ def test_choice_is_the_models_minimum(collective, size, nodes):
             choice = sel.explain(collective, nbytes, size, nodes=nodes, routes=routes)
             assert set(choice.predicted) == set(algorithms.names(collective))
             assert choice.predicted[choice.algorithm] == min(choice.predicted.values())
-            # choose() rounds the size up to a power of two for its cache: same minimum there.
-            bucket = 1 << max(0, (nbytes - 1).bit_length())
-            table = dict(predict(collective, bucket, sel.network(size, nodes, "float32", routes)))
+            table = dict(predict(collective, nbytes, sel.network(size, nodes, "float32", routes)))
             picked = sel.choose(collective, nbytes, size, nodes=nodes, transport=_Routes(*routes))
             assert table[picked] == min(table.values())
 
@@ -145,11 +143,24 @@ def test_init_loads_the_tuning_file_from_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("RINGCOMM_TUNING_FILE", str(path))
     sel = Selector.from_env()
     assert sel.tuning.links["mpi"] == (7e-6, 1 / 2.5e9)
-    # Measured sweep for this shape beats the model: at 1 MiB ring measured faster.
-    assert sel.choose("all_reduce", 1 << 20, 2, transport=_Routes("mpi", "mpi")) == "ring"
-    assert sel.choose("all_reduce", 8, 2, transport=_Routes("mpi", "mpi")) == "recursive_doubling"
-    assert "tuning sweep" in sel.explain("all_reduce", 1024, 2).reason
+    # Measured sweep for this shape overrules the model where they disagree by more than 10%.
+    model = Selector(tuning=Tuning(links=sel.tuning.links, gammas=sel.tuning.gammas))
+    for nbytes in (8, 1024, 1 << 20):
+        measured = sel.explain("all_reduce", nbytes, 2).measured
+        fastest = min(measured, key=measured.get)
+        modelled = model.choose("all_reduce", nbytes, 2)
+        expected = modelled if measured[modelled] <= 1.10 * measured[fastest] else fastest
+        assert sel.choose("all_reduce", nbytes, 2, transport=_Routes("mpi", "mpi")) == expected
+    assert sel.choose("all_reduce", 1 << 20, 2) == "ring"            # 0.9 ms against 2 ms measured
     assert sel.explain("all_reduce", 1024, 4).reason == "lowest predicted time"   # other shape: model
+
+
+def test_a_measurement_overrules_the_model_only_by_a_clear_margin():
+    from ringcomm.selector import decide
+    predicted = {"ring": 1.0, "tree": 2.0}
+    assert decide(predicted, {})[0] == "ring"
+    assert decide(predicted, {"ring": 1.05, "tree": 1.0})[0] == "ring"     # within 10%: noise
+    assert decide(predicted, {"ring": 1.5, "tree": 1.0})[0] == "tree"
 
 
 def test_default_location_and_no_file_means_defaults(tmp_path, monkeypatch):
