@@ -29,6 +29,11 @@ from .tuning import (DEFAULT_LINKS, Sweep, Tuning, default_path, load_tuning, pa
                      save_tuning)
 
 
+# Ping-pong messages use sequence numbers (hence MPI tags) far from the few collectives the
+# communicator has run by then, so a late barrier message can never match a ping-pong receive.
+PINGPONG_SEQ = 6000
+
+
 def fit_link(points) -> tuple:
     """(alpha, beta) minimising the relative error of alpha + S beta over (S, seconds) points."""
     import numpy as np
@@ -104,13 +109,13 @@ def _pingpong(comm, peer: int, nbytes: int, a: int, budget: float) -> float:
             executor.run(program, comm.transport, work, None, seq=seq0 + i, timeout=60, what="tune ping-pong")
             out.append((time.perf_counter() - t0) / 2)
         return out
-    probe = rounds(3, 1)
+    probe = rounds(3, PINGPONG_SEQ + 1)
     # a tells b how many more rounds fit the budget, over the same pair, so both stop together.
     tell = executor.compile_program([(Send(peer, 0, 1),)] if comm.rank == a else [(Recv(peer, 0, 1),)])
     if comm.rank == a:
         count[0] = max(3, min(200, int(budget / max(2 * statistics.median(probe), 1e-7))))
-    executor.run(tell, comm.transport, count, None, seq=5000, timeout=60, what="tune ping-pong")
-    return statistics.median(probe + rounds(int(count[0]), 10))
+    executor.run(tell, comm.transport, count, None, seq=PINGPONG_SEQ, timeout=60, what="tune ping-pong")
+    return statistics.median(probe + rounds(int(count[0]), PINGPONG_SEQ + 10))
 
 
 def measure_gammas(budget: float = 0.05) -> dict:
