@@ -38,4 +38,4 @@ assert pick.startswith("hierarchical"), pick
 x = np.ones(1 << 20, np.float64)
 comm.all_reduce(x)
 assert (x == comm.size).all()
-print(f"rank {comm.rank} node {comm.topology.node} ok")
+print(f"rank {comm.rank} node {comm.topology.node} ok", flush=True)
