@@ -162,7 +162,7 @@ class Selector:
                 routes=("mpi", "mpi")) -> Choice:
         net = self.network(size, nodes, dtype, routes)
         predicted = dict(predict(collective, nbytes, net))
-        measured = self.tuning.measured_times(collective, nbytes, net.local_sizes, routes)
+        measured = self.tuning.measured_times(collective, nbytes, net.local_sizes, routes, dtype)
         choice = Choice(collective, nbytes, size, "", predicted, "", measured, net)
         if collective in self.forced:
             choice.algorithm, choice.reason = self.forced[collective], "forced by RINGCOMM_ALGO"
@@ -184,7 +184,7 @@ class Selector:
             if len(self._memo) >= MEMO_LIMIT:
                 self._memo.clear()
             net = self.network(size, nodes, dtype, routes)
-            measured = self.tuning.measured_times(collective, nbytes, net.local_sizes, routes)
+            measured = self.tuning.measured_times(collective, nbytes, net.local_sizes, routes, dtype)
             name = self._memo[key] = decide(dict(predict(collective, nbytes, net)), measured)[0]
         return name
 

@@ -85,11 +85,19 @@ class Tuning:
 
     def measured_times(self, collective: str, nbytes: int, local_sizes: tuple, routes: tuple,
                        dtype: str = "float32") -> dict:
+        """The sweep's times for this job shape, if one was measured with a dtype that reduces
+        about as fast per byte (float32 speaks for float64 and the ints; not for bfloat16,
+        whose reductions are a hundred times slower here and move the crossovers)."""
         for sweep in self.sweeps:
             if (sweep.collective, sweep.local_sizes, sweep.routes) == (collective, tuple(local_sizes),
-                                                                       tuple(routes)):
+                                                                       tuple(routes)) \
+                    and self._alike(dtype, sweep.dtype):
                 return sweep.at(nbytes)
         return {}
+
+    def _alike(self, a: str, b: str) -> bool:
+        ga, gb = self.link("mpi", a).gamma, self.link("mpi", b).gamma
+        return max(ga, gb) <= 2 * min(ga, gb)
 
     def to_json(self, **meta) -> dict:
         return {

@@ -153,6 +153,8 @@ def test_init_loads_the_tuning_file_from_the_environment(tmp_path, monkeypatch):
         assert sel.choose("all_reduce", nbytes, 2, transport=_Routes("mpi", "mpi")) == expected
     assert sel.choose("all_reduce", 1 << 20, 2) == "ring"            # 0.9 ms against 2 ms measured
     assert sel.explain("all_reduce", 1024, 4).reason == "lowest predicted time"   # other shape: model
+    assert sel.explain("all_reduce", 1024, 2, dtype="float64").measured             # reduces alike
+    assert not sel.explain("all_reduce", 1024, 2, dtype="bfloat16").measured        # 20x slower
 
 
 def test_a_measurement_overrules_the_model_only_by_a_clear_margin():
