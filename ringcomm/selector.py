@@ -28,7 +28,6 @@ from .cost import Link, Network
 from .errors import UsageError
 from .tuning import DEFAULT_TUNING, Tuning, load_tuning
 
-log = logging.getLogger("ringcomm.selector")
 MEMO_LIMIT = 4096   # distinct (collective, bytes, shape) choices remembered per selector
 MEASURED_MARGIN = 1.10   # the model's pick stands unless measured more than 10% slower than the best
 
