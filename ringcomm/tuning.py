@@ -43,13 +43,14 @@ class Sweep:
     dtype: str
     sizes: tuple          # bytes, ascending
     seconds: dict         # algorithm -> tuple of seconds, one per size
-    smooth: dict = field(init=False, compare=False, repr=False)   # seconds, median3 over sizes
+    smooth: dict = field(init=False, compare=False, repr=False)   # seconds, running median
 
     def at(self, nbytes: int) -> dict:
         """Times at ``nbytes``, interpolated in log-log between the two measured neighbours;
         empty outside the measured range (the model answers there). Each algorithm's series is
-        first smoothed by a running median of three sizes: a burst of load that spoiled one size
-        is dropped, a real crossover (which persists over sizes) stays."""
+        first smoothed by a running median over five neighbouring sizes: bursts of load that
+        spoiled one or two sizes are dropped, a real crossover (which persists over sizes) stays,
+        moved by at most two doublings, where the algorithms around it are close anyway."""
         sizes = self.sizes
         if not sizes or nbytes < sizes[0] or nbytes > sizes[-1]:
             return {}
@@ -63,12 +64,17 @@ class Sweep:
                 for name, ts in series.items()}
 
     def __post_init__(self):
-        object.__setattr__(self, "smooth", {name: median3(ts) for name, ts in self.seconds.items()})
+        object.__setattr__(self, "smooth", {name: running_median(ts) for name, ts in self.seconds.items()})
 
 
-def median3(ts) -> tuple:
-    """Running median over each point and its two neighbours (end points kept)."""
-    return tuple(sorted(ts[i - 1:i + 2])[1] if 0 < i < len(ts) - 1 else ts[i] for i in range(len(ts)))
+def running_median(ts, reach: int = 2) -> tuple:
+    """Median of each point and up to ``reach`` neighbours on each side (the window is clipped at
+    the ends of the series, so an end point, too, is outvoted by its neighbours)."""
+    out = []
+    for i in range(len(ts)):
+        window = sorted(ts[max(0, i - reach):i + reach + 1])
+        out.append(window[len(window) // 2])
+    return tuple(out)
 
 
 @dataclass(frozen=True)
