@@ -9,6 +9,7 @@ communicator's progress thread; jobs always run in issue order, sync or async.
 from __future__ import annotations
 
 import collections
+import logging
 import os
 import threading
 import time
@@ -29,6 +30,7 @@ from .transport.base import Transport
 from .work import Work
 
 DEFAULT_TIMEOUT = 300.0
+_log = logging.getLogger("ringcomm.selector")
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,7 @@ class Communicator:
         self.node_count = node_count
         self.topology = topology   # ringcomm.topology.Topology, when known
         self.timeout = timeout
-        self.selector = selector or Selector()
+        self.selector = selector or Selector.from_env()   # RINGCOMM_ALGO, tuning file
         self._seq = 0
         self._broken: Optional[BaseException] = None
         self._state = threading.Lock()     # guards _seq, _outstanding, the queue
@@ -212,12 +214,19 @@ class Communicator:
         Reference backends (MPI, gloo, NCCL) override this method and nothing else.
         """
         itemsize = work.itemsize if buf is None else buf.dtype.itemsize
-        algorithm = algorithm or self.selector.choose(name, work.size * itemsize, self.size)
+        dtype = buf.dtype.name if buf is not None else None
+        nodes = None if self.topology is None else self.topology.node_of
+        how = "algorithm= argument" if algorithm else \
+            "RINGCOMM_ALGO" if name in self.selector.forced else "cost model"
+        algorithm = algorithm or self.selector.choose(name, work.size * itemsize, self.size, dtype=dtype or "uint8",
+                                                      nodes=nodes, transport=self.transport)
+        if _log.isEnabledFor(logging.INFO):
+            _log.info("rank %d %s #%d: %s, %d x %s (%s)", self.rank, name, seq, algorithm, work.size,
+                      dtype or "bytes", how)
         seg = max(1, DEFAULT_SEGMENT_BYTES // itemsize)
-        program = algorithms.plan(name, algorithm, self.rank, self.size, work.size, root, seg)
+        program = algorithms.plan(name, algorithm, self.rank, self.size, work.size, root, seg, nodes)
         if not program:
             return
-        dtype = buf.dtype.name if buf else None
         what = f"{name} #{seq} ({algorithm}, {work.size} x {dtype or 'bytes'})"
         self._entry.algorithm = algorithm
         reduce = None if op is None else reducer(op, buf.dtype)

@@ -3,11 +3,18 @@
 alpha: seconds per message (latency plus per-message software overhead)
 beta:  seconds per byte moved over the link
 gamma: seconds per byte reduced (a local read-modify-write)
+
+A job runs over two kinds of link: the one between ranks of one node (shared memory, or MPI's
+own shared-memory channel) and the one between nodes. ``Network`` bundles both with the shape of
+the job (ranks on each node). Flat algorithms (ring, tree, ...) take it as if it were one Link:
+their steps are synchronous across ranks, so every step runs at the pace of its slowest link,
+which is the inter-node one as soon as there are two nodes. Topology-aware algorithms
+(hierarchical) read ``intra``, ``inter`` and ``local_sizes`` and price each phase on its own link.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -16,10 +23,69 @@ class Link:
     beta: float
     gamma: float
 
+    def with_gamma(self, gamma: float) -> "Link":
+        return replace(self, gamma=gamma)
+
 
 # Defaults measured on a 2-core x86 box over MPICH's shared-memory channel from Python
 # (per-message cost includes the Python executor's overhead). `ringcomm.tune` replaces them.
 DEFAULT_LINK = Link(alpha=15e-6, beta=1 / 3.0e9, gamma=1 / 5.0e9)
+
+
+@dataclass(frozen=True)
+class Network:
+    """The links a collective runs over and how its ranks sit on nodes (hashable: costs cache)."""
+    intra: Link
+    inter: Link
+    local_sizes: tuple   # ranks on each node, e.g. (8, 8) for 2 nodes of 8
+    nics: int = 0        # network cards per node that ranks share; 0: each rank has its own path
+
+    @property
+    def size(self) -> int:
+        return sum(self.local_sizes)
+
+    @property
+    def nodes(self) -> int:
+        return len(self.local_sizes)
+
+    @property
+    def link(self) -> Link:
+        """The one link a flat algorithm sees: its slowest. A flat algorithm does not coordinate
+        who crosses between nodes when, so where ranks share network cards it is priced as if all
+        of a node's ranks crossed at once (exact for recursive doubling and Rabenseifner's long
+        rounds, pessimistic for a ring whose neighbours sit on the same node)."""
+        if self.nodes == 1:
+            return self.intra
+        if self.nics:
+            share = max(1.0, max(self.local_sizes) / self.nics)
+            return replace(self.inter, beta=self.inter.beta * share)
+        return self.inter
+
+    # A Network stands in for a Link wherever a flat algorithm's cost() expects one.
+    @property
+    def alpha(self) -> float:
+        return self.link.alpha
+
+    @property
+    def beta(self) -> float:
+        return self.link.beta
+
+    @property
+    def gamma(self) -> float:
+        return self.link.gamma
+
+
+def as_network(link, size: int) -> Network:
+    """A plain Link means one node of ``size`` ranks on that link."""
+    if isinstance(link, Network):
+        return link
+    return Network(link, link, (size,))
+
+
+def uniform(intra: Link, inter: Link, ranks_per_node: int, size: int, nics: int = 0) -> Network:
+    """``size`` ranks packed ``ranks_per_node`` to a node (the last node may hold fewer)."""
+    full, rest = divmod(size, ranks_per_node)
+    return Network(intra, inter, (ranks_per_node,) * full + ((rest,) if rest else ()), nics)
 
 
 def log2_ceil(n: int) -> int:

@@ -27,6 +27,7 @@ DTYPE_NAMES = tuple(DTYPES)
 CONTROL = 1 << 28
 ABORT_TAG = CONTROL | 4        # payload: the error text of a rank that gave up
 FINGERPRINT_TAG = CONTROL | 8  # RINGCOMM_DEBUG=detail / CHECK_FINITE pre-flight exchange
+PINGPONG_TAG = CONTROL | 12    # ringcomm.tune's point-to-point timings
 SEQ_MOD = 1024
 COUNT_MOD = 1024
 

@@ -1,15 +1,47 @@
 """Choosing an algorithm: the candidate with the lowest predicted time under the cost model.
 
-Selection is data (the registry of algorithms, each with its own cost function) plus a link model,
-not a chain of size thresholds. ``explain`` returns the whole table so that a user can see why.
+Selection is data plus a model, not a chain of size thresholds: the registry lists the algorithms
+of each collective, each states its own cost, and a ``Tuning`` (built-in defaults, or what
+``python -m ringcomm.tune`` measured on this machine) says what one message, one byte moved and
+one byte reduced cost on each transport. For a call the selector builds the ``Network`` the call
+runs over (intra-node link, inter-node link, ranks on each node), asks every candidate for its
+predicted time and takes the smallest. Where the tuning file also holds a measured sweep for
+exactly this job shape, the measurement overrules the model, but only where it disagrees by more
+than MEASURED_MARGIN: a shared machine's noise then cannot make the choice flip between sizes.
+
+``RINGCOMM_ALGO`` forces a choice ("ring", or "all_reduce=ring,broadcast=pipeline");
+``explain`` returns the whole table so a user can see why; ``RINGCOMM_DEBUG=info`` logs the
+algorithm of every call to stderr.
 """
 from __future__ import annotations
 
+import logging
+import math
+import os
+import sys
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Optional
 
 from . import algorithms
-from .cost import DEFAULT_LINK, Link
+from .cost import Link, Network
+from .errors import UsageError
+from .tuning import DEFAULT_TUNING, Tuning, load_tuning
+
+MEMO_LIMIT = 4096   # distinct (collective, bytes, shape) choices remembered per selector
+MEASURED_MARGIN = 1.10   # the model's pick stands unless measured more than 10% slower than the best
+
+
+def decide(predicted: dict, measured: dict) -> tuple:
+    """(algorithm, reason) from the model's table and, where there is one, the measured one."""
+    pick = min(predicted, key=predicted.get)
+    if measured and pick in measured:
+        best = min(measured, key=measured.get)
+        if measured[pick] > MEASURED_MARGIN * measured[best]:
+            return best, (f"measured on this machine: {pick} (model's pick) was "
+                          f"{measured[pick] / measured[best]:.2f}x slower than {best}")
+        return pick, "lowest predicted time, confirmed by this machine's tuning sweep"
+    return pick, "lowest predicted time"
 
 
 @dataclass
@@ -18,35 +50,169 @@ class Choice:
     nbytes: int
     size: int
     algorithm: str
-    predicted: dict = field(default_factory=dict)   # name -> seconds
+    predicted: dict = field(default_factory=dict)   # name -> seconds (model)
     reason: str = ""
+    measured: dict = field(default_factory=dict)    # name -> seconds (tuning sweep), if any
+    network: Optional[Network] = None
 
 
-@lru_cache(maxsize=4096)
-def _predict(collective: str, nbytes: int, size: int, link: Link) -> tuple:
-    return tuple((name, algorithms.get(collective, name).cost(nbytes, size, link))
+def local_sizes(nodes, size: int) -> tuple:
+    """Ranks on each node, nodes in order of first appearance; one node when unknown."""
+    if nodes is None:
+        return (size,)
+    counts: dict = {}
+    for node in nodes:
+        counts[node] = counts.get(node, 0) + 1
+    return tuple(counts.values())
+
+
+def routes_of(transport) -> tuple:
+    """(intra-node, inter-node) transport names. A transport that routes peers differently (shared
+    memory inside a node, MPI between nodes) says so in ``routes``; otherwise its name is both."""
+    routes = getattr(transport, "routes", None)
+    if routes:
+        return routes.get("intra", transport.name), routes.get("inter", transport.name)
+    name = getattr(transport, "name", "mpi")
+    return name, name
+
+
+@lru_cache(maxsize=8192)
+def predict(collective: str, nbytes: int, net: Network) -> tuple:
+    """((name, predicted seconds), ...) for every algorithm of ``collective``, registry order."""
+    return tuple((name, algorithms.get(collective, name).cost(nbytes, net.size, net))
                  for name in algorithms.names(collective))
 
 
-def _bucket(nbytes: int) -> int:
-    """Round up to a power of two so the cache stays small; predicted costs are smooth in size."""
-    return 1 << max(0, (nbytes - 1).bit_length())
+def parse_forced(spec: Optional[str], source: str = "RINGCOMM_ALGO") -> dict:
+    """"ring" -> ring wherever a collective has one; "all_reduce=ring,broadcast=pipeline" per
+    collective. Unknown collectives or algorithms raise UsageError listing the valid names."""
+    forced: dict = {}
+    if not spec or not spec.strip():
+        return forced
+    for item in (part.strip() for part in spec.split(",")):
+        if not item:
+            continue
+        if "=" in item:
+            collective, name = (s.strip() for s in item.split("=", 1))
+            if collective not in algorithms.COLLECTIVES:
+                raise UsageError(f"{source}={spec!r}: unknown collective {collective!r} "
+                                 f"(expected one of {', '.join(algorithms.COLLECTIVES)})")
+            valid = algorithms.names(collective)
+            if name not in valid:
+                raise UsageError(f"{source}={spec!r}: unknown {collective} algorithm {name!r} "
+                                 f"(expected one of {', '.join(valid)})")
+            forced[collective] = name
+        else:
+            having = [c for c in algorithms.COLLECTIVES if item in algorithms.names(c)]
+            if not having:
+                every = sorted({n for c in algorithms.COLLECTIVES for n in algorithms.names(c)})
+                raise UsageError(f"{source}={spec!r}: unknown algorithm {item!r} "
+                                 f"(expected one of {', '.join(every)}, or collective=algorithm)")
+            for collective in having:
+                forced.setdefault(collective, item)
+    return forced
+
+
+def configure_debug_logging() -> None:
+    """RINGCOMM_DEBUG=info (or debug) sends ringcomm's log records to stderr, once."""
+    level = os.environ.get("RINGCOMM_DEBUG", "").strip().upper()
+    root = logging.getLogger("ringcomm")
+    if level not in ("INFO", "DEBUG") or getattr(root, "_ringcomm_handler", False):
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("ringcomm %(levelname)s %(message)s"))
+    root.addHandler(handler)
+    root.setLevel(level)
+    root._ringcomm_handler = True
 
 
 class Selector:
-    def __init__(self, link: Link = DEFAULT_LINK, forced: dict | None = None):
+    """Picks an algorithm per call. ``link`` (one Link for every transport) is kept for callers
+    that model a single link; ``tuning`` carries per-transport links and per-dtype gammas."""
+
+    def __init__(self, link: Optional[Link] = None, forced: Optional[dict] = None,
+                 tuning: Optional[Tuning] = None):
+        self.tuning = tuning or DEFAULT_TUNING
         self.link = link
         self.forced = dict(forced or {})   # collective -> algorithm name
+        for collective, name in self.forced.items():
+            algorithms.get(collective, name)
+        self._networks: dict = {}
+        self._memo: dict = {}
 
-    def explain(self, collective: str, nbytes: int, size: int) -> Choice:
-        predicted = dict(_predict(collective, nbytes, size, self.link))
+    @classmethod
+    def from_env(cls) -> "Selector":
+        """RINGCOMM_ALGO and the tuning file (RINGCOMM_TUNING_FILE or the default location)."""
+        configure_debug_logging()
+        return cls(forced=parse_forced(os.environ.get("RINGCOMM_ALGO")), tuning=load_tuning())
+
+    def network(self, size: int, nodes=None, dtype: str = "float32", routes=("mpi", "mpi")) -> Network:
+        key = (size, nodes, dtype, routes)
+        net = self._networks.get(key)
+        if net is None:
+            if self.link is not None:
+                intra = inter = self.link
+            else:
+                intra, inter = (self.tuning.link(r, dtype) for r in routes)
+            net = self._networks[key] = Network(intra, inter, local_sizes(nodes, size))
+        return net
+
+    def explain(self, collective: str, nbytes: int, size: int, *, dtype: str = "float32", nodes=None,
+                routes=("mpi", "mpi")) -> Choice:
+        net = self.network(size, nodes, dtype, routes)
+        predicted = dict(predict(collective, nbytes, net))
+        measured = self.tuning.measured_times(collective, nbytes, net.local_sizes, routes, dtype)
+        choice = Choice(collective, nbytes, size, "", predicted, "", measured, net)
         if collective in self.forced:
-            return Choice(collective, nbytes, size, self.forced[collective], predicted, "forced")
-        best = min(predicted, key=predicted.get)
-        return Choice(collective, nbytes, size, best, predicted, "lowest predicted time")
+            choice.algorithm, choice.reason = self.forced[collective], "forced by RINGCOMM_ALGO"
+        else:
+            choice.algorithm, choice.reason = decide(predicted, measured)
+        return choice
 
-    def choose(self, collective: str, nbytes: int, size: int) -> str:
+    def choose(self, collective: str, nbytes: int, size: int, *, dtype: str = "float32", nodes=None,
+               transport=None) -> str:
+        """The algorithm for one call; memoised per distinct call shape (a training loop repeats
+        a handful of them), so this costs a dict lookup after the first call."""
         forced = self.forced.get(collective)
         if forced is not None:
             return forced
-        return min(_predict(collective, _bucket(nbytes), size, self.link), key=lambda nc: nc[1])[0]
+        routes = routes_of(transport) if transport is not None else ("mpi", "mpi")
+        key = (collective, nbytes, size, dtype, nodes, routes)
+        name = self._memo.get(key)
+        if name is None:
+            if len(self._memo) >= MEMO_LIMIT:
+                self._memo.clear()
+            net = self.network(size, nodes, dtype, routes)
+            measured = self.tuning.measured_times(collective, nbytes, net.local_sizes, routes, dtype)
+            name = self._memo[key] = decide(dict(predict(collective, nbytes, net)), measured)[0]
+        return name
+
+
+def describe(choice: Choice) -> str:
+    """A table of every candidate, as ``python -m ringcomm.explain`` prints it."""
+    net = choice.network
+    lines = [f"{choice.collective}, {choice.nbytes} bytes, {choice.size} ranks"
+             + (f" on {net.nodes} node(s) of {'/'.join(map(str, sorted(set(net.local_sizes))))}" if net else "")]
+    if net is not None:
+        for label, link in (("intra-node", net.intra), ("inter-node", net.inter)):
+            lines.append(f"  {label} link: alpha {link.alpha * 1e6:.2f} us, "
+                         f"{1 / link.beta / 1e9:.2f} GB/s, reduce {1 / link.gamma / 1e9:.2f} GB/s")
+    head = f"  {'algorithm':<20}{'predicted':>14}" + (f"{'measured':>14}" if choice.measured else "")
+    lines.append(head)
+    for name, seconds in sorted(choice.predicted.items(), key=lambda kv: kv[1]):
+        mark = "  <- chosen" if name == choice.algorithm else ""
+        row = f"  {name:<20}{fmt_seconds(seconds):>14}"
+        if choice.measured:
+            row += f"{fmt_seconds(choice.measured[name]) if name in choice.measured else '-':>14}"
+        lines.append(row + mark)
+    lines.append(f"choice: {choice.algorithm} ({choice.reason})")
+    return "\n".join(lines)
+
+
+def fmt_seconds(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "inf"
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if seconds >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds * 1e9:.3g} ns"

@@ -8,6 +8,8 @@ from .base import Algorithm
 from .binomial_broadcast import BinomialBroadcast
 from .binomial_reduce import BinomialReduce
 from .dissemination_barrier import DisseminationBarrier
+from .hierarchical import HierarchicalAllReduce
+from .hierarchical_tree import HierarchicalTreeAllReduce
 from .pipeline_broadcast import PipelineBroadcast
 from .rabenseifner import Rabenseifner
 from .recursive_doubling import RecursiveDoubling
@@ -27,7 +29,8 @@ def register(algorithm: Algorithm) -> Algorithm:
 
 
 for _cls in (RingAllReduce, TreeAllReduce, RecursiveDoubling, Rabenseifner, BinomialBroadcast,
-             PipelineBroadcast, BinomialReduce, RingAllGather, RingReduceScatter, DisseminationBarrier):
+             PipelineBroadcast, BinomialReduce, RingAllGather, RingReduceScatter, DisseminationBarrier,
+             HierarchicalAllReduce, HierarchicalTreeAllReduce):
     register(_cls())
 
 
@@ -45,11 +48,21 @@ def get(collective: str, name: str) -> Algorithm:
     return table[name]
 
 
+def program(collective: str, name: str, rank: int, size: int, count: int, root: int, seg: int,
+            nodes: tuple | None = None):
+    """One rank's program; ``nodes`` (node of every rank) reaches only topology-aware algorithms."""
+    algorithm = _REGISTRY[collective][name]
+    if getattr(algorithm, "topology_aware", False):
+        return algorithm.program(rank, size, count, root, seg, nodes=nodes)
+    return algorithm.program(rank, size, count, root, seg)
+
+
 @lru_cache(maxsize=512)
-def plan(collective: str, name: str, rank: int, size: int, count: int, root: int, seg: int) -> list:
+def plan(collective: str, name: str, rank: int, size: int, count: int, root: int, seg: int,
+         nodes: tuple | None = None) -> list:
     """The compiled program of one rank; programs are pure, so they are cached."""
     from ..executor import compile_program
-    return compile_program(_REGISTRY[collective][name].program(rank, size, count, root, seg))
+    return compile_program(program(collective, name, rank, size, count, root, seg, nodes))
 
 
-__all__ = ["Algorithm", "COLLECTIVES", "names", "get", "plan", "register"]
+__all__ = ["Algorithm", "COLLECTIVES", "names", "get", "plan", "program", "register"]

@@ -1,0 +1,235 @@
+"""The tuning file: per-transport links, per-dtype reduction costs and measured sweeps.
+
+Written by ``python -m ringcomm.tune`` (see there), read by every Communicator (through
+``Selector.from_env``) from ``RINGCOMM_TUNING_FILE``, else ~/.cache/ringcomm/tuning.json
+($XDG_CACHE_HOME respected). Without a file, the built-in defaults below apply. A file that
+cannot be used raises UsageError naming the file and what is wrong with it.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from .cost import DEFAULT_LINK, Link
+from .errors import UsageError
+
+FORMAT = 1
+
+# Built-in per-transport links (alpha s/message, beta s/byte) and per-dtype reduction costs,
+# from a 2-core x86 box, Python executor included; `ringcomm.tune` replaces them with measurements.
+DEFAULT_LINKS = {
+    "mpi": (DEFAULT_LINK.alpha, DEFAULT_LINK.beta),
+    "shm": (8e-6, 1 / 6.0e9),        # one copy through shared memory, no MPI matching
+    "threads": (20e-6, 1 / 4.0e9),   # in-process mailbox: a copy and a condition variable
+}
+DEFAULT_GAMMAS = {
+    "float32": DEFAULT_LINK.gamma, "float64": DEFAULT_LINK.gamma, "int32": DEFAULT_LINK.gamma,
+    "int64": DEFAULT_LINK.gamma, "uint8": DEFAULT_LINK.gamma,
+    "float16": 1 / 1.0e9,            # numpy widens to float32 and rounds back per op
+    "bfloat16": 1 / 0.5e9,           # widened and rounded by hand (ops.py)
+}
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """Measured seconds of each algorithm of one collective, for one job shape."""
+    collective: str
+    local_sizes: tuple
+    routes: tuple
+    dtype: str
+    sizes: tuple          # bytes, ascending
+    seconds: dict         # algorithm -> tuple of seconds, one per size
+    smooth: dict = field(init=False, compare=False, repr=False)   # seconds, running median
+
+    def at(self, nbytes: int) -> dict:
+        """Times at ``nbytes``, interpolated in log-log between the two measured neighbours;
+        empty outside the measured range (the model answers there). Each algorithm's series is
+        first smoothed by a running median over five neighbouring sizes: bursts of load that
+        spoiled one or two sizes are dropped, a real crossover (which persists over sizes) stays,
+        moved by at most two doublings, where the algorithms around it are close anyway."""
+        sizes = self.sizes
+        if not sizes or nbytes < sizes[0] or nbytes > sizes[-1]:
+            return {}
+        series = self.smooth
+        hi = next(i for i, s in enumerate(sizes) if s >= nbytes)
+        lo = max(hi - 1, 0)
+        if sizes[hi] == nbytes or lo == hi:
+            return {name: ts[hi] for name, ts in series.items()}
+        w = math.log(nbytes / sizes[lo]) / math.log(sizes[hi] / sizes[lo])
+        return {name: math.exp((1 - w) * math.log(ts[lo]) + w * math.log(ts[hi]))
+                for name, ts in series.items()}
+
+    def __post_init__(self):
+        object.__setattr__(self, "smooth", {name: running_median(ts) for name, ts in self.seconds.items()})
+
+
+def running_median(ts, reach: int = 2) -> tuple:
+    """Median of each point and up to ``reach`` neighbours on each side (the window is clipped at
+    the ends of the series, so an end point, too, is outvoted by its neighbours)."""
+    out = []
+    for i in range(len(ts)):
+        window = sorted(ts[max(0, i - reach):i + reach + 1])
+        out.append(window[len(window) // 2])
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Tuning:
+    links: dict = field(default_factory=lambda: dict(DEFAULT_LINKS))     # transport -> (alpha, beta)
+    gammas: dict = field(default_factory=lambda: dict(DEFAULT_GAMMAS))   # dtype -> gamma
+    sweeps: tuple = ()
+    source: str = "built-in defaults"
+
+    def link(self, transport: str, dtype: str = "float32") -> Link:
+        alpha, beta = self.links.get(transport) or self.links.get("mpi") or DEFAULT_LINKS["mpi"]
+        gamma = self.gammas.get(dtype, self.gammas.get("float32", DEFAULT_LINK.gamma))
+        return Link(alpha, beta, gamma)
+
+    def measured_times(self, collective: str, nbytes: int, local_sizes: tuple, routes: tuple,
+                       dtype: str = "float32") -> dict:
+        """The sweep's times for this job shape, if one was measured with a dtype that reduces
+        about as fast per byte (float32 speaks for float64 and the ints; not for bfloat16,
+        whose reductions are a hundred times slower here and move the crossovers)."""
+        for sweep in self.sweeps:
+            if (sweep.collective, sweep.local_sizes, sweep.routes) == (collective, tuple(local_sizes),
+                                                                       tuple(routes)) \
+                    and self._alike(dtype, sweep.dtype):
+                return sweep.at(nbytes)
+        return {}
+
+    def _alike(self, a: str, b: str) -> bool:
+        ga, gb = self.link("mpi", a).gamma, self.link("mpi", b).gamma
+        return max(ga, gb) <= 2 * min(ga, gb)
+
+    def to_json(self, **meta) -> dict:
+        return {
+            "format": FORMAT, **meta,
+            "links": {t: {"alpha": a, "beta": b} for t, (a, b) in self.links.items()},
+            "gamma": dict(self.gammas),
+            "sweeps": [{"collective": s.collective, "local_sizes": list(s.local_sizes),
+                        "routes": list(s.routes), "dtype": s.dtype, "sizes": list(s.sizes),
+                        "seconds": {k: list(v) for k, v in s.seconds.items()}} for s in self.sweeps],
+        }
+
+    @classmethod
+    def from_json(cls, data, source: str) -> "Tuning":
+        """Parse and validate; any defect raises UsageError naming ``source`` and the field."""
+        def bad(what):
+            return UsageError(f"tuning file {source}: {what}; fix or delete it, or re-run "
+                              f"`mpirun -n 2 python -m ringcomm.tune`")
+        if not isinstance(data, dict):
+            raise bad(f"expected a JSON object, got {type(data).__name__}")
+        if data.get("format") != FORMAT:
+            raise bad(f'"format" is {data.get("format")!r}, this ringcomm reads format {FORMAT}')
+
+        def positive(value, where):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 \
+                    or not math.isfinite(value):
+                raise bad(f"{where} must be a positive number, got {value!r}")
+            return float(value)
+        links = dict(DEFAULT_LINKS)
+        raw_links = data.get("links", {})
+        if not isinstance(raw_links, dict):
+            raise bad('"links" must be an object of transport -> {"alpha", "beta"}')
+        for name, entry in raw_links.items():
+            if not isinstance(entry, dict):
+                raise bad(f'links.{name} must be an object with "alpha" and "beta"')
+            links[name] = (positive(entry.get("alpha"), f"links.{name}.alpha"),
+                           positive(entry.get("beta"), f"links.{name}.beta"))
+        gammas = dict(DEFAULT_GAMMAS)
+        raw_gamma = data.get("gamma", {})
+        if not isinstance(raw_gamma, dict):
+            raise bad('"gamma" must be an object of dtype -> seconds per byte')
+        for name, value in raw_gamma.items():
+            gammas[name] = positive(value, f"gamma.{name}")
+        sweeps = []
+        raw_sweeps = data.get("sweeps", [])
+        if not isinstance(raw_sweeps, list):
+            raise bad('"sweeps" must be a list')
+        from . import algorithms
+        for i, s in enumerate(raw_sweeps):
+            try:
+                collective, sizes = s["collective"], tuple(int(x) for x in s["sizes"])
+                valid = algorithms.names(collective)
+                seconds = {k: tuple(positive(t, f"sweeps[{i}].seconds.{k}") for t in v)
+                           for k, v in s["seconds"].items()}
+                sweep = Sweep(collective, tuple(int(x) for x in s["local_sizes"]),
+                              tuple(str(r) for r in s["routes"]), str(s.get("dtype", "float32")),
+                              sizes, seconds)
+            except UsageError:
+                raise
+            except (KeyError, TypeError, ValueError) as err:
+                raise bad(f"sweeps[{i}] is malformed ({type(err).__name__}: {err})") from None
+            unknown = set(seconds) - set(valid)
+            if unknown:
+                raise bad(f"sweeps[{i}] names unknown {collective} algorithms {sorted(unknown)} "
+                          f"(expected some of {', '.join(valid)})")
+            if list(sizes) != sorted(set(sizes)) or any(len(v) != len(sizes) for v in seconds.values()):
+                raise bad(f"sweeps[{i}]: sizes must ascend and every algorithm needs one time per size")
+            sweeps.append(sweep)
+        return cls(links, gammas, tuple(sweeps), source=source)
+
+
+DEFAULT_TUNING = Tuning()
+
+
+def default_path() -> Path:
+    explicit = os.environ.get("RINGCOMM_TUNING_FILE")
+    if explicit:
+        return Path(explicit).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "ringcomm" / "tuning.json"
+
+
+_loaded: dict = {}
+
+
+def load_tuning(path: Optional[os.PathLike] = None) -> Tuning:
+    """The tuning at ``path`` (default: ``default_path()``); built-in defaults when the default
+    file does not exist. A file named explicitly must exist. Parsed once per file version."""
+    explicit = path is not None or bool(os.environ.get("RINGCOMM_TUNING_FILE"))
+    path = Path(path) if path is not None else default_path()
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        if explicit:
+            raise UsageError(f"tuning file {path} does not exist (from RINGCOMM_TUNING_FILE or the "
+                             f"path given); create it with `mpirun -n 2 python -m ringcomm.tune "
+                             f"--out {path}` or unset RINGCOMM_TUNING_FILE") from None
+        return DEFAULT_TUNING
+    key = (str(path), stat.st_mtime_ns, stat.st_size)
+    if key not in _loaded:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise UsageError(f"tuning file {path}: not readable JSON ({err}); fix or delete it, or "
+                             f"re-run `mpirun -n 2 python -m ringcomm.tune`") from None
+        _loaded[key] = Tuning.from_json(data, str(path))
+    return _loaded[key]
+
+
+def save_tuning(tuning: Tuning, path: os.PathLike, **meta) -> Path:
+    """Write atomically (a reader never sees half a file)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(tuning.to_json(**meta), indent=1))
+    os.replace(tmp, path)
+    return path
+
+
+def parse_size(text: str) -> int:
+    """"4096", "64K", "1M", "32MiB" -> bytes (binary units)."""
+    t = str(text).strip().upper().removesuffix("B").removesuffix("I")
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
+    try:
+        value = float(t[:-1] if scale > 1 else t) * scale
+    except ValueError:
+        value = -1
+    if not value >= 0 or value != int(value):
+        raise UsageError(f'size {text!r}: expected bytes like 4096, 64K, 1M or 32MiB')
+    return int(value)

@@ -1,0 +1,258 @@
+"""The selector: the model's minimum, forcing, the tuning file, explain/simulate, debug logs."""
+import json
+import logging
+
+import numpy as np
+import pytest
+
+from ringcomm import UsageError, algorithms
+from ringcomm.cost import Link, Network
+from ringcomm.selector import Selector, parse_forced, predict
+from ringcomm.testing import run_threads
+from ringcomm.tuning import DEFAULT_TUNING, Sweep, Tuning, load_tuning, parse_size, save_tuning
+
+SIZES = [8 << (2 * k) for k in range(13)]       # 8 B .. 128 MiB
+SHAPES = [(2, None), (4, None), (16, None), (7, None), (8, (0, 0, 0, 0, 1, 1, 1, 1)),
+          (12, tuple(r // 3 for r in range(12))), (5, (0, 0, 0, 1, 1))]
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch, tmp_path):
+    monkeypatch.delenv("RINGCOMM_ALGO", raising=False)
+    monkeypatch.delenv("RINGCOMM_DEBUG", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))   # no tuning file of the user's
+    monkeypatch.delenv("RINGCOMM_TUNING_FILE", raising=False)
+
+
+@pytest.mark.parametrize("collective", algorithms.COLLECTIVES)
+@pytest.mark.parametrize("size,nodes", SHAPES)
+def test_choice_is_the_models_minimum(collective, size, nodes):
+    sel = Selector(tuning=Tuning(links={"mpi": (20e-6, 1 / 2e9), "shm": (2e-6, 1 / 10e9)}))
+    for nbytes in SIZES:
+        for routes in (("mpi", "mpi"), ("shm", "mpi")):
+            choice = sel.explain(collective, nbytes, size, nodes=nodes, routes=routes)
+            assert set(choice.predicted) == set(algorithms.names(collective))
+            assert choice.predicted[choice.algorithm] == min(choice.predicted.values())
+            table = dict(predict(collective, nbytes, sel.network(size, nodes, "float32", routes)))
+            picked = sel.choose(collective, nbytes, size, nodes=nodes, transport=_Routes(*routes))
+            assert table[picked] == min(table.values())
+
+
+class _Routes:
+    name = "composite"
+
+    def __init__(self, intra, inter):
+        self.routes = {"intra": intra, "inter": inter}
+
+
+def test_the_choice_moves_with_size_and_topology():
+    sel = Selector(tuning=Tuning(links={"mpi": (20e-6, 1 / 1e9), "shm": (2e-6, 1 / 20e9)}))
+    assert sel.choose("all_reduce", 8, 16) == "recursive_doubling"
+    assert sel.choose("all_reduce", 256 << 20, 16) in ("ring", "rabenseifner")
+    two_nodes = tuple(r // 8 for r in range(16))
+    big = sel.choose("all_reduce", 256 << 20, 16, nodes=two_nodes, transport=_Routes("shm", "mpi"))
+    assert big.startswith("hierarchical")
+
+
+def test_dtype_changes_the_reduction_cost():
+    sel = Selector()
+    f32 = sel.network(4, None, "float32")
+    bf16 = sel.network(4, None, "bfloat16")
+    assert bf16.intra.gamma > f32.intra.gamma
+    assert dict(predict("all_reduce", 1 << 20, bf16))["ring"] > dict(predict("all_reduce", 1 << 20, f32))["ring"]
+
+
+def test_forcing_globally_and_per_collective():
+    assert parse_forced("ring") == {"all_reduce": "ring", "all_gather": "ring", "reduce_scatter": "ring"}
+    assert parse_forced(" all_reduce=tree , broadcast=pipeline ") == {"all_reduce": "tree", "broadcast": "pipeline"}
+    assert parse_forced("") == {}
+    sel = Selector(forced=parse_forced("all_reduce=tree"))
+    assert sel.choose("all_reduce", 8, 64) == "tree"
+    assert sel.explain("all_reduce", 8, 64).reason.startswith("forced")
+
+
+@pytest.mark.parametrize("spec,fragment", [
+    ("rign", "unknown algorithm 'rign'"),
+    ("all_reduce=bogus", "unknown all_reduce algorithm 'bogus' (expected one of ring, tree"),
+    ("allreduce=ring", "unknown collective 'allreduce' (expected one of all_reduce"),
+    ("broadcast=ring", "unknown broadcast algorithm 'ring' (expected one of binomial, pipeline)"),
+])
+def test_unknown_names_are_a_clear_error_listing_valid_ones(spec, fragment):
+    with pytest.raises(UsageError) as info:
+        parse_forced(spec)
+    assert fragment in str(info.value) and "RINGCOMM_ALGO" in str(info.value)
+
+
+def test_ringcomm_algo_reaches_every_communicator_and_is_logged(monkeypatch, caplog):
+    monkeypatch.setenv("RINGCOMM_ALGO", "all_reduce=tree")
+
+    def body(comm):
+        x = np.full(10, comm.rank + 1.0)
+        comm.all_reduce(x)
+        return x
+    with caplog.at_level(logging.INFO, logger="ringcomm"):
+        results = run_threads(3, body)
+    assert all((x == 6).all() for x in results)
+    lines = [r.getMessage() for r in caplog.records if r.name == "ringcomm.selector"]
+    assert len(lines) == 3 and all("all_reduce #0: tree" in m and "RINGCOMM_ALGO" in m for m in lines)
+
+
+def new_communicator():
+    from ringcomm import Communicator
+    from ringcomm.transport.threads import ThreadsTransport, ThreadsWorld
+    return Communicator(ThreadsTransport(ThreadsWorld(1), 0))
+
+
+def test_bad_ringcomm_algo_fails_when_the_communicator_is_made(monkeypatch):
+    monkeypatch.setenv("RINGCOMM_ALGO", "all_reduce=nope")
+    with pytest.raises(UsageError, match="nope"):
+        new_communicator()
+
+
+def test_debug_env_logs_to_stderr(tmp_path):
+    import subprocess
+    import sys
+    code = ("import numpy as np; from ringcomm.testing import run_threads; "
+            "run_threads(2, lambda c: c.all_reduce(np.ones(4)))")
+    env = {"RINGCOMM_DEBUG": "info", "PYTHONPATH": str(__import__("pathlib").Path(__file__).parents[1]),
+           "XDG_CACHE_HOME": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("all_reduce #0: recursive_doubling") == 2, proc.stderr
+
+
+def sample_tuning():
+    # recursive doubling twice as fast up to 4 KiB, ring twice as fast from 32 KiB
+    sizes = (8, 64, 512, 4096, 32768, 262144, 1 << 20)
+    sweep = Sweep("all_reduce", (2,), ("mpi", "mpi"), "float32", sizes,
+                  {"ring": (40e-6, 40e-6, 50e-6, 80e-6, 100e-6, 400e-6, 900e-6),
+                   "recursive_doubling": (20e-6, 20e-6, 25e-6, 40e-6, 200e-6, 800e-6, 1.8e-3)})
+    return Tuning(links={"mpi": (7e-6, 1 / 2.5e9), "shm": (1e-6, 1 / 9e9)},
+                  gammas={"float32": 1 / 6e9, "bfloat16": 1 / 0.3e9}, sweeps=(sweep,), source="test")
+
+
+def test_tuning_file_round_trips(tmp_path):
+    path = save_tuning(sample_tuning(), tmp_path / "t.json", host="h")
+    loaded = load_tuning(path)
+    assert loaded.links["mpi"] == (7e-6, 1 / 2.5e9) and loaded.links["shm"] == (1e-6, 1 / 9e9)
+    assert loaded.gammas["bfloat16"] == 1 / 0.3e9
+    assert loaded.sweeps == sample_tuning().sweeps
+    assert loaded.link("mpi", "float32") == Link(7e-6, 1 / 2.5e9, 1 / 6e9)
+    assert loaded.source == str(path)
+
+
+def test_init_loads_the_tuning_file_from_the_environment(tmp_path, monkeypatch):
+    path = save_tuning(sample_tuning(), tmp_path / "t.json")
+    monkeypatch.setenv("RINGCOMM_TUNING_FILE", str(path))
+    sel = Selector.from_env()
+    assert sel.tuning.links["mpi"] == (7e-6, 1 / 2.5e9)
+    # Measured sweep for this shape overrules the model where they disagree by more than 10%.
+    model = Selector(tuning=Tuning(links=sel.tuning.links, gammas=sel.tuning.gammas))
+    for nbytes in (8, 1024, 1 << 20):
+        measured = sel.explain("all_reduce", nbytes, 2).measured
+        fastest = min(measured, key=measured.get)
+        modelled = model.choose("all_reduce", nbytes, 2)
+        expected = modelled if measured[modelled] <= 1.10 * measured[fastest] else fastest
+        assert sel.choose("all_reduce", nbytes, 2, transport=_Routes("mpi", "mpi")) == expected
+    assert sel.choose("all_reduce", 1 << 20, 2) == "ring"            # 0.9 ms against 1.8 ms measured
+    assert sel.choose("all_reduce", 64, 2) == "recursive_doubling"
+    assert sel.explain("all_reduce", 1024, 4).reason == "lowest predicted time"   # other shape: model
+    assert sel.explain("all_reduce", 1024, 2, dtype="float64").measured             # reduces alike
+    assert not sel.explain("all_reduce", 1024, 2, dtype="bfloat16").measured        # 20x slower
+
+
+def test_one_spoiled_size_cannot_flip_the_measured_choice():
+    from ringcomm.tuning import running_median
+    sizes = tuple(8 << k for k in range(7))
+    spike = Sweep("all_reduce", (2,), ("mpi", "mpi"), "float32", sizes,
+                  {"ring": (9.0,) * 7, "recursive_doubling": (1.0, 1.0, 1.0, 50.0, 1.0, 1.0, 1.0)})
+    assert spike.at(sizes[3])["recursive_doubling"] == 1.0
+    assert running_median((5, 1, 2, 3, 100, 4, 5)) == (2, 3, 3, 3, 4, 5, 5)
+
+
+def test_a_measurement_overrules_the_model_only_by_a_clear_margin():
+    from ringcomm.selector import decide
+    predicted = {"ring": 1.0, "tree": 2.0}
+    assert decide(predicted, {})[0] == "ring"
+    assert decide(predicted, {"ring": 1.05, "tree": 1.0})[0] == "ring"     # within 10%: noise
+    assert decide(predicted, {"ring": 1.5, "tree": 1.0})[0] == "tree"
+
+
+def test_default_location_and_no_file_means_defaults(tmp_path, monkeypatch):
+    assert load_tuning() is DEFAULT_TUNING
+    path = save_tuning(sample_tuning(), tmp_path / "cache" / "ringcomm" / "tuning.json")
+    assert load_tuning().links["mpi"] == (7e-6, 1 / 2.5e9)
+    path.unlink()
+    assert load_tuning() is DEFAULT_TUNING
+
+
+@pytest.mark.parametrize("text,fragment", [
+    ("{not json", "not readable JSON"),
+    ("[]", "expected a JSON object"),
+    ('{"format": 99}', '"format" is 99'),
+    ('{"format": 1, "links": {"mpi": {"alpha": -1, "beta": 1e-9}}}', "links.mpi.alpha must be a positive number"),
+    ('{"format": 1, "gamma": {"float32": "fast"}}', "gamma.float32 must be a positive number"),
+    ('{"format": 1, "sweeps": [{"collective": "all_reduce"}]}', "sweeps[0] is malformed"),
+    ('{"format": 1, "sweeps": [{"collective": "all_reduce", "local_sizes": [2], "routes": ["mpi", "mpi"],'
+     ' "sizes": [8], "seconds": {"warp": [1e-5]}}]}', "unknown all_reduce algorithms ['warp']"),
+])
+def test_corrupt_tuning_file_is_a_clear_error_naming_the_file(tmp_path, monkeypatch, text, fragment):
+    path = tmp_path / "bad.json"
+    path.write_text(text)
+    monkeypatch.setenv("RINGCOMM_TUNING_FILE", str(path))
+    with pytest.raises(UsageError) as info:
+        new_communicator()
+    assert str(path) in str(info.value) and fragment in str(info.value)
+
+
+def test_missing_explicit_tuning_file_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("RINGCOMM_TUNING_FILE", str(tmp_path / "nope.json"))
+    with pytest.raises(UsageError, match="nope.json does not exist"):
+        Selector.from_env()
+
+
+def test_parse_size():
+    assert [parse_size(s) for s in ("8", "64K", "1M", "32MiB", "2G", "1.5K")] == [8, 65536, 1 << 20, 32 << 20, 2 << 30, 1536]
+    with pytest.raises(UsageError, match="expected bytes"):
+        parse_size("lots")
+
+
+def test_flat_algorithms_see_the_slowest_link_and_shared_nics():
+    intra, inter = Link(1e-6, 1e-11, 1e-10), Link(1e-5, 1e-10, 1e-10)
+    assert Network(intra, inter, (4,)).link == intra
+    assert Network(intra, inter, (4, 4)).link == inter
+    assert Network(intra, inter, (4, 4), nics=1).link.beta == pytest.approx(4e-10)
+
+
+def test_explain_cli_prints_every_candidate_and_the_choice(capsys):
+    from ringcomm.explain import main
+    assert main(["--collective", "all_reduce", "--size", "1M", "--ranks", "16", "--ranks-per-node", "8"]) == 0
+    out = capsys.readouterr().out
+    for name in algorithms.names("all_reduce"):
+        assert name in out
+    assert "<- chosen" in out and "choice:" in out and "2 node(s)" in out
+    assert main(["--size", "huge"]) == 2
+
+
+def test_simulate_cli_prints_crossovers_up_to_4096_ranks(capsys, tmp_path):
+    from ringcomm.simulate import main
+    assert main(["--sizes", "1K,64M"]) == 0
+    out = capsys.readouterr().out
+    assert "4096 ranks" in out and "crossovers" in out and "hierarchical" in out
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"tiny": {"ranks_per_node": 2, "intra": {"alpha_us": 1, "GBps": 10},
+                                           "inter": {"alpha_us": 10, "GBps": 1}, "reduce_GBps": 5}}))
+    assert main(["--config", str(config), "--max-ranks", "8"]) == 0
+    assert "== tiny" in capsys.readouterr().out
+    config.write_text('{"broken": {"ranks_per_node": 2}}')
+    assert main(["--config", str(config)]) == 2
+    assert "malformed" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("collective", algorithms.COLLECTIVES)
+def test_on_one_node_a_network_prices_flat_algorithms_like_its_link(collective):
+    link, other = Link(3e-6, 1 / 4e9, 1 / 7e9), Link(1.0, 1.0, 1.0)
+    for name in algorithms.names(collective):
+        algo = algorithms.get(collective, name)
+        for n in (2, 5, 8):
+            assert algo.cost(1 << 16, n, Network(link, other, (n,))) == pytest.approx(algo.cost(1 << 16, n, link))

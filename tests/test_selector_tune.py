@@ -1,0 +1,26 @@
+"""`mpirun -n 2 python -m ringcomm.tune` writes a file that a new job loads and selects with."""
+
+import pytest
+
+from mpi_util import run_mpi
+from ringcomm.selector import Selector
+from ringcomm.tuning import load_tuning
+
+
+@pytest.mark.mpi
+def test_tune_writes_a_loadable_file_and_keeps_other_shapes(tmp_path, monkeypatch):
+    out = tmp_path / "tuning.json"
+    env = {"RINGCOMM_TUNING_FILE": str(out), "RINGCOMM_ALGO": "all_reduce=tree"}   # neither steers tune
+    proc = run_mpi(2, "selector_tune.py", "--quick", "--max-size", "128K", env=env, timeout=170)
+    assert f"wrote {out}" in proc.stdout, proc.stdout
+    assert "measured crossovers" in proc.stdout
+    tuning = load_tuning(out)
+    alpha, beta = tuning.links["mpi"]
+    assert 0 < alpha < 0.01 and 0 < beta < 1e-6
+    (sweep,) = tuning.sweeps
+    assert sweep.local_sizes == (2,) and sweep.sizes[0] == 8 and sweep.sizes[-1] <= 128 << 10
+    assert "hierarchical" not in sweep.seconds     # on one node it is a ring: not timed twice
+    monkeypatch.setenv("RINGCOMM_TUNING_FILE", str(out))
+    monkeypatch.delenv("RINGCOMM_ALGO", raising=False)
+    choice = Selector.from_env().explain("all_reduce", 1024, 2)
+    assert choice.measured and choice.algorithm == min(choice.measured, key=choice.measured.get)
