@@ -68,10 +68,10 @@ def local_sizes(nodes, size: int) -> tuple:
 
 def routes_of(transport) -> tuple:
     """(intra-node, inter-node) transport names. A transport that routes peers differently (shared
-    memory inside a node, MPI between nodes) says so in ``routes``; otherwise its name is both."""
-    routes = getattr(transport, "routes", None)
-    if routes:
-        return routes.get("intra", transport.name), routes.get("inter", transport.name)
+    memory inside a node, MPI between nodes) says so in ``link_names``; otherwise its name is both."""
+    names = getattr(transport, "link_names", None)
+    if names:
+        return names.get("intra", transport.name), names.get("inter", transport.name)
     name = getattr(transport, "name", "mpi")
     return name, name
 

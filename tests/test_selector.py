@@ -42,7 +42,7 @@ class _Routes:
     name = "composite"
 
     def __init__(self, intra, inter):
-        self.routes = {"intra": intra, "inter": inter}
+        self.link_names = {"intra": intra, "inter": inter}
 
 
 def test_the_choice_moves_with_size_and_topology():

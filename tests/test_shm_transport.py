@@ -82,3 +82,10 @@ def test_segments_are_owner_only():
             shm._map(path, 4096, create=True)
     finally:
         os.unlink(path)
+
+
+@pytest.mark.mpi
+def test_selector_prices_shared_memory_inside_and_mpi_between_nodes():
+    """The routed transport tells the selector which links it uses, so the model prices shm."""
+    out = run_mpi(4, "shm_link_names.py", env={"RINGCOMM_TIMEOUT": "60"}).stdout
+    assert sorted(re.findall(r"link_names (\{[^}]*\})", out)) == ["{'intra': 'shm', 'inter': 'mpi'}"] * 4, out
