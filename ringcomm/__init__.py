@@ -2,14 +2,22 @@
 from . import algorithms
 from .communicator import Communicator
 from .init import init
-from .errors import (ArgumentTypeError, CommError, CommTimeoutError, MismatchError, PeerAbortedError,
+from .errors import (ArgumentTypeError, CommError, CommTimeoutError, MismatchError, NonFiniteError, PeerAbortedError,
                      RingcommError, UsageError)
 from .ops import ReduceOp
 from .work import Work
 
 __all__ = [
-    "init", "Communicator", "ReduceOp", "Work", "algorithms",
+    "init", "init_process_group", "Communicator", "ReduceOp", "Work", "algorithms",
     "RingcommError", "UsageError", "ArgumentTypeError", "CommError", "CommTimeoutError",
-    "MismatchError", "PeerAbortedError",
+    "MismatchError", "NonFiniteError", "PeerAbortedError",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # torch.distributed is imported only by those who ask for it: numpy-only jobs skip its seconds.
+    if name == "init_process_group":
+        from .torch_backend import init_process_group
+        return init_process_group
+    raise AttributeError(f"module 'ringcomm' has no attribute {name!r}")

@@ -6,6 +6,8 @@ memory with the user's tensor or array: collectives work in place on it.
 """
 from __future__ import annotations
 
+import functools
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -13,18 +15,20 @@ import numpy as np
 from .errors import bad_type, bad_value
 from .ops import DTYPES, DType
 
-try:  # torch is a dependency, but keep numpy-only use possible
-    import torch
-except ImportError:  # pragma: no cover
-    torch = None
-
-_TORCH_TO_NAME = {}
-if torch is not None:
-    _TORCH_TO_NAME = {
-        torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32",
-        torch.float64: "float64", torch.int32: "int32", torch.int64: "int64", torch.uint8: "uint8",
-    }
 _SUPPORTED = ", ".join(DTYPES)
+
+
+def _torch():
+    """torch if the caller has imported it. A tensor can only exist once torch is imported, so
+    numpy-only jobs never pay torch's import time (seconds per rank on a small machine)."""
+    return sys.modules.get("torch")
+
+
+@functools.lru_cache(maxsize=None)
+def _torch_dtype_names() -> dict:
+    torch = _torch()
+    return {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32",
+            torch.float64: "float64", torch.int32: "int32", torch.int64: "int64", torch.uint8: "uint8"}
 
 
 @dataclass
@@ -45,6 +49,7 @@ class Buffer:
 
 
 def is_torch(x) -> bool:
+    torch = _torch()
     return torch is not None and isinstance(x, torch.Tensor)
 
 
@@ -57,22 +62,47 @@ def as_buffer(x, collective: str, argument: str) -> Buffer:
 
 
 def _torch_buffer(x, collective: str, argument: str) -> Buffer:
-    name = _TORCH_TO_NAME.get(x.dtype)
+    torch = _torch()
+    name = _torch_dtype_names().get(x.dtype)
     if name is None:
         raise bad_type(collective, argument, f"a tensor of dtype {_SUPPORTED}", f"dtype {x.dtype}")
     if not x.is_contiguous():
         raise bad_value(collective, argument, "a contiguous tensor (call .contiguous() first)",
                         f"a non-contiguous tensor with strides {tuple(x.stride())}")
+    if x.device.type == "cuda":
+        return Buffer(x, _cuda_flat(x, name, collective, argument), DTYPES[name], "torch", "cuda")
     if x.device.type != "cpu":
-        raise bad_value(collective, argument, "a CPU tensor for this backend", f"a tensor on {x.device}")
+        raise bad_value(collective, argument, "a CPU or CUDA tensor", f"a tensor on {x.device}")
     t = x.detach().reshape(-1)
     flat = t.view(torch.int16).numpy().view(np.uint16) if name == "bfloat16" else t.numpy()
     return Buffer(x, flat, DTYPES[name], "torch", "cpu")
 
 
+def _cuda_flat(x, name: str, collective: str, argument: str):
+    """A flat cupy view of a CUDA tensor's memory (DLPack: no copy); bf16 as uint16 bits."""
+    try:
+        import cupy
+    except ImportError:
+        raise bad_value(collective, argument, "a CPU tensor (CUDA tensors need cupy: "
+                        "pip install cupy-cuda12x)", f"a tensor on {x.device}") from None
+    t = x.detach().reshape(-1)
+    if name == "bfloat16":   # cupy has no bfloat16: carry the bits, ops.py widens them
+        return cupy.from_dlpack(t.view(torch.int16)).view(cupy.uint16)
+    return cupy.from_dlpack(t)
+
+
+def address(a) -> int:
+    """Start address of a flat array's data, host (numpy) or device (cupy)."""
+    return a.ctypes.data if isinstance(a, np.ndarray) else a.data.ptr
+
+
+# Keyed by numpy dtype (native byte order only): ``x.dtype.name`` costs ~2 us a call, a dict hit 0.1.
+_NUMPY_DTYPES = {d.storage: d for name, d in DTYPES.items() if name != "bfloat16"}
+
+
 def _numpy_buffer(x: np.ndarray, collective: str, argument: str) -> Buffer:
-    name = x.dtype.name
-    if name not in DTYPES or name == "bfloat16" or x.dtype.byteorder == ">":
+    dtype = _NUMPY_DTYPES.get(x.dtype)
+    if dtype is None or x.dtype.byteorder == ">":
         raise bad_type(collective, argument, f"an array of dtype {_SUPPORTED.replace('bfloat16, ', '')}",
                        f"dtype {x.dtype}")
     if not x.flags.c_contiguous:
@@ -80,7 +110,7 @@ def _numpy_buffer(x: np.ndarray, collective: str, argument: str) -> Buffer:
                         f"a non-contiguous array with strides {x.strides}")
     if not x.flags.writeable:
         raise bad_value(collective, argument, "a writable array", "a read-only array")
-    return Buffer(x, x.reshape(-1), DTYPES[name], "numpy", "cpu")
+    return Buffer(x, x.reshape(-1), dtype, "numpy", "cpu")
 
 
 def check_pair(collective: str, out: Buffer, x: Buffer, out_numel: int) -> None:

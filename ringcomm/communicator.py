@@ -10,14 +10,19 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import threading
+import time
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import numpy as np
 
-from . import algorithms, executor
-from .buffers import Buffer, as_buffer, check_pair
-from .errors import CommError, bad_type, bad_value
+from . import algorithms, executor, preflight
+from .buffers import Buffer, address, as_buffer, check_pair
+from .envelope import ABORT_TAG, Envelope
+from .errors import CommError, CommTimeoutError, PeerAbortedError, bad_type, bad_value
+from .flight_recorder import FlightRecorder
 from .ops import ReduceOp, divide_by_size, parse_op, reducer
 from .schedule import DEFAULT_SEGMENT_BYTES, chunk
 from .selector import Selector
@@ -26,6 +31,23 @@ from .work import Work
 
 DEFAULT_TIMEOUT = 300.0
 _log = logging.getLogger("ringcomm.selector")
+
+
+@dataclass(frozen=True)
+class Call:
+    """What a collective was asked to do: enough to fingerprint it and to record it."""
+    name: str
+    buf: Optional[Buffer] = None
+    op: Optional[ReduceOp] = None
+    root: int = 0
+
+    @property
+    def count(self) -> int:
+        return 0 if self.buf is None else self.buf.numel
+
+    @property
+    def dtype(self) -> Optional[str]:
+        return None if self.buf is None else self.buf.dtype.name
 
 
 class Communicator:
@@ -51,6 +73,11 @@ class Communicator:
         self._wake = threading.Condition(self._state)
         self._progress: Optional[threading.Thread] = None
         self._closed = False
+        self._notices: list = []           # abort notices in flight; kept so they are not freed early
+        self.recorder = FlightRecorder(self.rank)
+        self._entry = None                 # flight-recorder entry of the running collective
+        self.debug = os.environ.get("RINGCOMM_DEBUG", "").lower()
+        self.check_finite = os.environ.get("RINGCOMM_CHECK_FINITE", "") not in ("", "0")
 
     # ---- public collectives -------------------------------------------------------------
     def all_reduce(self, x, op="sum", *, algorithm=None, async_op=False):
@@ -64,7 +91,7 @@ class Communicator:
             if op is ReduceOp.AVG:
                 divide_by_size(buf.flat, buf.dtype, self.size)
             return x
-        return self._submit(name, job, async_op)
+        return self._submit(Call(name, buf, op), job, async_op)
 
     def broadcast(self, x, root=0, *, algorithm=None, async_op=False):
         name = "broadcast"
@@ -75,7 +102,7 @@ class Communicator:
         def job(seq):
             self._collective(name, algorithm, buf.flat, buf, seq, root=root)
             return x
-        return self._submit(name, job, async_op)
+        return self._submit(Call(name, buf, root=root), job, async_op)
 
     def reduce(self, x, root=0, op="sum", *, algorithm=None, async_op=False):
         name = "reduce"
@@ -91,7 +118,7 @@ class Communicator:
             if self.rank == root and op is ReduceOp.AVG:
                 divide_by_size(work, buf.dtype, self.size)
             return x
-        return self._submit(name, job, async_op)
+        return self._submit(Call(name, buf, op, root), job, async_op)
 
     def all_gather(self, out, x, *, algorithm=None, async_op=False):
         name = "all_gather"
@@ -102,11 +129,11 @@ class Communicator:
         def job(seq):
             off, n = chunk(ob.numel, self.size, self.rank)
             own = ob.flat[off:off + n]
-            if own.ctypes.data != xb.flat.ctypes.data:   # skip the copy when x is out's own chunk
+            if address(own) != address(xb.flat):   # skip the copy when x is out's own chunk
                 own[...] = xb.flat
             self._collective(name, algorithm, ob.flat, ob, seq)
             return out
-        return self._submit(name, job, async_op)
+        return self._submit(Call(name, xb), job, async_op)
 
     def reduce_scatter(self, out, x, op="sum", *, algorithm=None, async_op=False):
         name = "reduce_scatter"
@@ -123,7 +150,7 @@ class Communicator:
             if op is ReduceOp.AVG:
                 divide_by_size(ob.flat, ob.dtype, self.size)
             return out
-        return self._submit(name, job, async_op)
+        return self._submit(Call(name, xb, op), job, async_op)
 
     def barrier(self, *, algorithm=None, async_op=False):
         name = "barrier"
@@ -132,7 +159,7 @@ class Communicator:
 
         def job(seq):
             self._collective(name, algorithm, empty, None, seq)
-        return self._submit(name, job, async_op)
+        return self._submit(Call(name), job, async_op)
 
     # ---- lifecycle ------------------------------------------------------------------------
     def abort(self, reason: str = "aborted by the user") -> None:
@@ -140,6 +167,7 @@ class Communicator:
         self._broken = self._broken or err
         self.transport.abort(err)
         self.close()
+        self.transport.close()
 
     def close(self) -> None:
         with self._state:
@@ -186,53 +214,93 @@ class Communicator:
         Reference backends (MPI, gloo, NCCL) override this method and nothing else.
         """
         itemsize = work.itemsize if buf is None else buf.dtype.itemsize
-        dtype = buf.dtype.name if buf is not None else "uint8"
+        dtype = buf.dtype.name if buf is not None else None
         nodes = None if self.topology is None else self.topology.node_of
         how = "algorithm= argument" if algorithm else \
             "RINGCOMM_ALGO" if name in self.selector.forced else "cost model"
-        algorithm = algorithm or self.selector.choose(name, work.size * itemsize, self.size, dtype=dtype,
+        algorithm = algorithm or self.selector.choose(name, work.size * itemsize, self.size, dtype=dtype or "uint8",
                                                       nodes=nodes, transport=self.transport)
         if _log.isEnabledFor(logging.INFO):
-            _log.info("rank %d %s #%d: %s, %d x %s (%s)", self.rank, name, seq, algorithm, work.size, dtype,
-                      how)
+            _log.info("rank %d %s #%d: %s, %d x %s (%s)", self.rank, name, seq, algorithm, work.size,
+                      dtype or "bytes", how)
         seg = max(1, DEFAULT_SEGMENT_BYTES // itemsize)
         program = algorithms.plan(name, algorithm, self.rank, self.size, work.size, root, seg, nodes)
         if not program:
             return
-        what = f"{name} #{seq} ({algorithm}, {work.size} x {buf.dtype.name if buf else 'bytes'})"
+        what = f"{name} #{seq} ({algorithm}, {work.size} x {dtype or 'bytes'})"
+        self._entry.algorithm = algorithm
         reduce = None if op is None else reducer(op, buf.dtype)
+        envelope = Envelope(seq, name, dtype, work.size)
+        if type(self.transport).stage is Transport.stage:   # nothing to stage: skip the ~1 us context
+            executor.run(program, self.transport, work, reduce, envelope=envelope, timeout=self.timeout, what=what)
+            return
         with self.transport.stage(work) as staged:
-            executor.run(program, self.transport, staged, reduce, seq=seq, timeout=self.timeout, what=what)
+            executor.run(program, self.transport, staged, reduce, envelope=envelope, timeout=self.timeout, what=what)
 
-    def _submit(self, name: str, job: Callable, async_op: bool):
+    def _submit(self, call: "Call", job: Callable, async_op: bool):
         with self._state:
             if self._broken is not None:
-                raise CommError(f"{name}: communicator is unusable after an earlier failure: "
-                                f"{self._broken}") from self._broken
+                raise CommError(f"{call.name} on rank {self.rank}: communicator is unusable after an earlier "
+                                f"failure: {self._broken}") from self._broken
             seq = self._seq
             self._seq += 1
+            entry = self.recorder.record(seq, call.name, call.count, call.dtype)
             inline = not async_op and self._outstanding == 0
             self._outstanding += 1
             if not inline:
-                work = Work(f"{name} #{seq} on rank {self.rank}")
-                self._queue.append((seq, job, work))
+                work = Work(f"{call.name} #{seq} on rank {self.rank}")
+                self._queue.append((seq, call, job, work, entry))
                 self._ensure_progress_thread()
                 self._wake.notify()
         if inline:
             try:
                 with self._exec:
-                    return self._execute(seq, job)
+                    return self._execute(seq, call, job, entry)
             finally:
                 with self._state:
                     self._outstanding -= 1
         return work if async_op else work.wait()
 
-    def _execute(self, seq: int, job: Callable):
+    def _execute(self, seq: int, call: "Call", job: Callable, entry):
+        """Run one job (under the exec lock): pre-flight, data movement, bookkeeping on failure."""
+        self._entry = entry
+        entry.state, entry.started = "running", time.monotonic()
         try:
-            return job(seq)
+            if self.debug == "detail" or self.check_finite:
+                self._preflight(seq, call)
+            result = job(seq)
         except CommError as err:
-            self._broken = self._broken or err
+            entry.state = f"failed: {type(err).__name__}"
+            self._fail(err)
             raise
+        except BaseException as err:
+            entry.state = f"failed: {type(err).__name__}"
+            raise
+        entry.state, entry.ended = "done", time.monotonic()
+        return result
+
+    def _preflight(self, seq: int, call: "Call") -> None:
+        non_finite = self.check_finite and call.buf is not None and \
+            preflight.has_non_finite(call.buf.flat, call.buf.dtype.name)
+        mine = preflight.fingerprint(call.name, seq, call.count, call.dtype, call.op and call.op.value,
+                                     call.root, non_finite)
+        preflight.check(self.transport, self.timeout, f"{call.name} #{seq}", mine,
+                        check_fields=self.debug == "detail")
+
+    def _fail(self, err: CommError) -> None:
+        """The communicator is broken from now on; tell the peers so that they fail fast too."""
+        first = self._broken is None
+        self._broken = self._broken or err
+        if isinstance(err, CommTimeoutError):
+            self.recorder.dump(str(err))
+        if first and not isinstance(err, PeerAbortedError):
+            text = np.frombuffer(str(err).encode()[:4000], np.uint8).copy()
+            for peer in range(self.size):
+                if peer != self.rank:
+                    try:
+                        self._notices.append(self.transport.isend(text, peer, ABORT_TAG))
+                    except CommError:
+                        pass   # that peer is gone too: nothing to tell it
 
     def _ensure_progress_thread(self) -> None:
         if self._progress is None:
@@ -247,11 +315,11 @@ class Communicator:
                     self._wake.wait()
                 if not self._queue:
                     return
-                seq, job, work = self._queue.popleft()
+                seq, call, job, work, entry = self._queue.popleft()
             result, error = None, None
             try:
                 with self._exec:
-                    result = self._execute(seq, job)
+                    result = self._execute(seq, call, job, entry)
             except BaseException as err:  # surfaced to the caller through Work.wait()
                 error = err
             with self._state:

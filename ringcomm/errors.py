@@ -29,6 +29,10 @@ class MismatchError(CommError):
     """Ranks entered the same collective with different arguments (count, dtype, op, root)."""
 
 
+class NonFiniteError(CommError, ValueError):
+    """RINGCOMM_CHECK_FINITE=1 found NaN or Inf in some rank's input (the message names the ranks)."""
+
+
 class PeerAbortedError(CommError):
     """Another rank failed or aborted the job; this rank was released instead of hanging."""
 

@@ -3,6 +3,11 @@
 A compiled program is a tuple of lanes; a lane is a list of steps. One lane runs with plain
 blocking waits. Several lanes (independent pipelines on their own channels) are advanced
 together: whichever lane's next request has completed moves on, so no lane waits on another.
+
+A wait that does not finish at once is watched: every so often the executor probes for the
+first unmatched message of the peer it waits on. A message whose envelope (see envelope.py)
+names another collective, dtype or count proves the ranks disagree, and an abort notice proves a
+peer gave up; either raises at once instead of waiting out the deadline.
 """
 from __future__ import annotations
 
@@ -11,22 +16,35 @@ from typing import Optional
 
 import numpy as np
 
-from .errors import CommTimeoutError
-from .schedule import CHANNELS, Recv, RecvReduce, Send, lanes_of, sends_first
+from .envelope import ABORT_TAG, Envelope
+from .errors import CommTimeoutError, MismatchError, PeerAbortedError
+from .schedule import Recv, RecvReduce, Send, lanes_of, sends_first
 from .transport.base import Reducer, Transport
 
-TAG_SPACE = 8192     # sequence numbers wrap here; MPI guarantees tags up to 32767
-POLL_SLICE = 200e-6  # with several lanes, how long to block on one before checking the others
+POLL_SLICE = 200e-6    # with several lanes, how long to block on one before checking the others
+DIAGNOSE_EVERY = 0.05  # seconds between probes while a wait is stalled
 
 
-def tag_base(seq: int) -> int:
-    return (seq % TAG_SPACE) * CHANNELS
+class _Lane(list):
+    """A compiled lane: its steps, plus the scratch its largest step needs (computed once)."""
+    __slots__ = ("scratch",)
+
+
+def _compile_lane(lane) -> _Lane:
+    out = _Lane((tuple(step), sends_first(step), sum(op.count for op in step if isinstance(op, RecvReduce)))
+                for step in lane)
+    out.scratch = max(n for *_, n in out)
+    return out
 
 
 def compile_program(program) -> tuple:
     """Precompute, once per cached program, what the executor needs to know about each step."""
-    return tuple([(tuple(step), sends_first(step), sum(op.count for op in step if isinstance(op, RecvReduce)))
-                  for step in lane] for lane in lanes_of(program) if lane)
+    return tuple(_compile_lane(lane) for lane in lanes_of(program) if lane)
+
+
+def _scratch_size(lane) -> int:
+    size = getattr(lane, "scratch", None)   # lanes compiled elsewhere may be plain lists
+    return max(n for *_, n in lane) if size is None else size
 
 
 class _Step:
@@ -71,20 +89,78 @@ class _Step:
         return self.requests[self.cursor][0]
 
 
+class _Watch:
+    """Deadline and diagnosis for one collective's waits."""
+
+    def __init__(self, transport: Transport, envelope: Envelope, timeout: Optional[float], what: str):
+        self.transport, self.envelope, self.timeout, self.what = transport, envelope, timeout, what
+        now = time.monotonic()
+        self.deadline = None if timeout is None else now + timeout
+        self.next_probe = now + DIAGNOSE_EVERY
+
+    def left(self) -> Optional[float]:
+        return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+
+    def stalled(self, op, k: int, steps: int) -> None:
+        """Called while ``op`` is not done: raise if it never will be, else return."""
+        now = time.monotonic()
+        if now >= self.next_probe:
+            self.next_probe = now + DIAGNOSE_EVERY
+            self.diagnose(op.peer)
+        if self.deadline is not None and now >= self.deadline:
+            verb = "send to" if isinstance(op, Send) else "receive from"
+            raise CommTimeoutError(
+                f"{self.what} on rank {self.transport.rank}: timed out after {self.timeout:g} s waiting to "
+                f"{verb} rank {op.peer} ({op.count} elements, step {k + 1} of {steps})")
+
+    def diagnose(self, peer: int) -> None:
+        transport = self.transport
+        notice = transport.probe(None, ABORT_TAG)
+        if notice is not None:
+            source, tag, nbytes = notice
+            text = np.empty(nbytes, np.uint8)
+            transport.irecv(text, source, tag).wait(1.0)
+            raise PeerAbortedError(f"{self.what} on rank {transport.rank}: rank {source} gave up: "
+                                   f"{text.tobytes().decode(errors='replace')}")
+        first = transport.probe(peer)
+        if first is not None:
+            reason = self.envelope.describe_mismatch(first[1], peer)
+            if reason:
+                raise MismatchError(f"{self.what} on rank {transport.rank}: {reason}")
+
+
 def run(compiled, transport: Transport, work: np.ndarray, reduce: Optional[Reducer], *,
-        seq: int, timeout: Optional[float], what: str) -> None:
+        envelope: Envelope, timeout: Optional[float], what: str) -> None:
     """Execute a compiled program on ``work`` in place.
 
     ``what`` names the call in errors, e.g. "all_reduce #12 (ring, 4096 x float32)".
     """
     if not compiled:
         return
-    base = tag_base(seq)
-    deadline = None if timeout is None else time.monotonic() + timeout
-    scratch = [np.empty(max(n for *_, n in lane), dtype=work.dtype) for lane in compiled]
+    base = envelope.base_tag()
+    watch = _Watch(transport, envelope, timeout, what)
+    if len(compiled) == 1:
+        _run_lane(compiled[0], transport, work, reduce, base, watch)
+    else:
+        _run_lanes(compiled, transport, work, reduce, base, watch)
+
+
+def _run_lane(lane, transport, work, reduce, base, watch: _Watch) -> None:
+    # empty_like: scratch lives where work does (numpy, or cupy for CUDA tensors)
+    scratch = np.empty_like(work, shape=_scratch_size(lane))
+    for k, (step, late_reduce, _) in enumerate(lane):
+        posted = _Step(step, late_reduce, transport, work, scratch, reduce, base)
+        if not posted.advance(0.0):
+            while not posted.advance(min(DIAGNOSE_EVERY, watch.left() if watch.deadline else DIAGNOSE_EVERY)):
+                watch.stalled(posted.blocking_op(), k, len(lane))
+        posted.finish(reduce)
+
+
+def _run_lanes(compiled, transport, work, reduce, base, watch: _Watch) -> None:
+    scratch = [np.empty_like(work, shape=_scratch_size(lane)) for lane in compiled]
     position = [0] * len(compiled)
     posted: list = [None] * len(compiled)
-    slice_ = None if len(compiled) == 1 else 0.0
+    slice_ = 0.0
     while True:
         moved = False
         for i, lane in enumerate(compiled):
@@ -93,23 +169,13 @@ def run(compiled, transport: Transport, work: np.ndarray, reduce: Optional[Reduc
                     continue
                 step, late_reduce, _ = lane[position[i]]
                 posted[i] = _Step(step, late_reduce, transport, work, scratch[i], reduce, base)
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if posted[i].advance(left if slice_ is None else slice_):
+            if posted[i].advance(slice_):
                 posted[i].finish(reduce)
                 posted[i] = None
                 position[i] += 1
                 moved = True
-            elif slice_ is None or (deadline is not None and time.monotonic() > deadline):
-                _timeout(what, transport.rank, timeout, posted[i].blocking_op(), position[i], len(lane))
+            else:
+                watch.stalled(posted[i].blocking_op(), position[i], len(lane))
         if all(position[i] == len(lane) for i, lane in enumerate(compiled)):
             return
-        if not moved and slice_ is not None:
-            slice_ = min(POLL_SLICE, 2 * slice_ or 10e-6)   # back off while nothing moves
-        elif slice_ is not None:
-            slice_ = 0.0
-
-
-def _timeout(what, rank, timeout, op, k, steps):
-    verb = "send to" if isinstance(op, Send) else "receive from"
-    raise CommTimeoutError(f"{what} on rank {rank}: timed out after {timeout:g} s waiting to {verb} "
-                           f"rank {op.peer} ({op.count} elements, step {k + 1} of {steps})")
+        slice_ = 0.0 if moved else min(POLL_SLICE, 2 * slice_ or 10e-6)   # back off while nothing moves

@@ -25,14 +25,16 @@ def run_threads(world_size: int, fn: Callable, *args, timeout: float = DEFAULT_T
     errors: dict = {}
 
     def rank_main(rank: int) -> None:
-        comm = Communicator(ThreadsTransport(world, rank), timeout=timeout, **comm_kwargs)
+        comm = None
         try:
+            comm = Communicator(ThreadsTransport(world, rank), timeout=timeout, **comm_kwargs)
             results[rank] = fn(comm, *args)
         except BaseException as err:
             errors[rank] = err
             world.abort(f"rank {rank} raised {type(err).__name__}: {err}")
         finally:
-            comm.close()
+            if comm is not None:
+                comm.close()
 
     threads = [threading.Thread(target=rank_main, args=(r,), name=f"rank-{r}", daemon=True)
                for r in range(world_size)]

@@ -29,10 +29,6 @@ from .tuning import (DEFAULT_LINKS, Sweep, Tuning, default_path, load_tuning, pa
                      save_tuning)
 
 
-# Ping-pong messages use sequence numbers (hence MPI tags) far from the few collectives the
-# communicator has run by then, so a late barrier message can never match a ping-pong receive.
-PINGPONG_SEQ = 6000
-
 
 def fit_link(points) -> tuple:
     """(alpha, beta) minimising the relative error of alpha + S beta over (S, seconds) points."""
@@ -96,26 +92,28 @@ def _pingpong(comm, peer: int, nbytes: int, a: int, budget: float) -> float:
     import numpy as np
 
     from . import executor
+    from .envelope import PINGPONG_TAG, ControlEnvelope
     from .schedule import Recv, Send
+    envelope = ControlEnvelope(PINGPONG_TAG)   # apart from collectives; FIFO within the pair
     work = np.zeros(max(nbytes, 1), np.uint8)[:nbytes]
     pair = [(Send(peer, 0, nbytes),), (Recv(peer, 0, nbytes),)]
     program = executor.compile_program(pair if comm.rank == a else pair[::-1])
     count = np.zeros(1, np.int64)
 
-    def rounds(n, seq0):
+    def rounds(n):
         out = []
-        for i in range(n):
+        for _ in range(n):
             t0 = time.perf_counter()
-            executor.run(program, comm.transport, work, None, seq=seq0 + i, timeout=60, what="tune ping-pong")
+            executor.run(program, comm.transport, work, None, envelope=envelope, timeout=60, what="tune ping-pong")
             out.append((time.perf_counter() - t0) / 2)
         return out
-    probe = rounds(3, PINGPONG_SEQ + 1)
+    probe = rounds(3)
     # a tells b how many more rounds fit the budget, over the same pair, so both stop together.
     tell = executor.compile_program([(Send(peer, 0, 1),)] if comm.rank == a else [(Recv(peer, 0, 1),)])
     if comm.rank == a:
         count[0] = max(3, min(200, int(budget / max(2 * statistics.median(probe), 1e-7))))
-    executor.run(tell, comm.transport, count, None, seq=PINGPONG_SEQ, timeout=60, what="tune ping-pong")
-    return statistics.median(probe + rounds(int(count[0]), PINGPONG_SEQ + 10))
+    executor.run(tell, comm.transport, count, None, envelope=envelope, timeout=60, what="tune ping-pong")
+    return statistics.median(probe + rounds(int(count[0])))
 
 
 def measure_gammas(budget: float = 0.05) -> dict:

@@ -82,6 +82,15 @@ class Transport(ABC):
         """Yield the array a collective should work on; results must end up in ``flat``."""
         yield flat
 
+    def probe(self, source: Optional[int], tag: Optional[int] = None) -> Optional[tuple]:
+        """(source, tag, nbytes) of the earliest unmatched message from ``source`` (None: any)
+        with ``tag`` (None: any), without receiving it; None if there is none.
+
+        Only the slow path uses it, to explain a stalled wait (a peer in another collective, or a
+        peer that gave up). A transport that cannot probe returns None: stalls then end as timeouts.
+        """
+        return None
+
     def abort(self, reason: BaseException) -> None:
         """Release every waiter with PeerAbortedError; later calls fail fast."""
 

@@ -45,7 +45,8 @@ class _Mailbox:
     def __init__(self, world: "ThreadsWorld"):
         self.world = world
         self.cond = threading.Condition()
-        self.arrived = defaultdict(deque)   # (src, tag) -> payload copies not yet matched
+        self.arrived = defaultdict(deque)   # (src, tag) -> (arrival number, payload copy) not yet matched
+        self.arrivals = 0
         self.posted = defaultdict(deque)    # (src, tag) -> receives not yet matched
 
 
@@ -82,7 +83,8 @@ class ThreadsTransport(Transport):
                 self._deliver(recv, payload, src=self.rank)
                 box.cond.notify_all()
             else:
-                box.arrived[key].append(payload)
+                box.arrivals += 1
+                box.arrived[key].append((box.arrivals, payload))
         return DoneRequest()
 
     def irecv(self, buf: np.ndarray, peer: int, tag: int) -> Request:
@@ -91,7 +93,7 @@ class ThreadsTransport(Transport):
         key = (peer, tag)
         with box.cond:
             if box.arrived[key]:
-                self._deliver(recv, box.arrived[key].popleft(), src=peer)
+                self._deliver(recv, box.arrived[key].popleft()[1], src=peer)
             else:
                 box.posted[key].append(recv)
         return recv
@@ -106,6 +108,16 @@ class ThreadsTransport(Transport):
         else:
             target[...] = payload
         recv.done = True
+
+    def probe(self, source, tag=None):
+        box = self.world.boxes[self.rank]
+        with box.cond:
+            waiting = [(queue[0][0], src, t, queue[0][1].nbytes) for (src, t), queue in box.arrived.items()
+                       if queue and (source is None or src == source) and (tag is None or t == tag)]
+        if not waiting:
+            return None
+        _, src, t, nbytes = min(waiting)
+        return src, t, nbytes
 
     def abort(self, reason: BaseException) -> None:
         self.world.abort(f"rank {self.rank}: {reason}")

@@ -1,0 +1,170 @@
+"""DistributedDataParallel over a ringcomm Communicator: the nn.Module wrapper.
+
+    comm = ringcomm.init()
+    model = ddp.DistributedDataParallel(net)          # replicas now equal rank 0's
+    loss_fn(model(x), y).backward()                   # .grad averaged over ranks on return
+    optimizer.step()
+
+Only the public Communicator API is used (broadcast, all_reduce with async_op=True, Work.wait),
+so every backend of ringcomm.init works. See reducer.py for how buckets overlap backward.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Callable, Optional
+
+import torch
+from torch import nn
+
+from ringcomm.errors import bad_type, bad_value
+
+from . import comm_hooks
+from .reducer import Reducer
+from .timeline import COMPUTE, from_env
+
+NAME = "DistributedDataParallel"
+
+
+class DistributedDataParallel(nn.Module):
+    def __init__(self, module: nn.Module, comm=None, *, bucket_cap_mb: float = 25, first_bucket_mb: float = 1,
+                 broadcast_buffers: bool = True, find_unused_parameters: bool = False,
+                 gradient_as_bucket_view: bool = False):
+        super().__init__()
+        if not isinstance(module, nn.Module):
+            raise bad_type(NAME, "module", "a torch.nn.Module", type(module).__name__)
+        for arg, value in (("bucket_cap_mb", bucket_cap_mb), ("first_bucket_mb", first_bucket_mb)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise bad_type(NAME, arg, "a number of MiB", type(value).__name__)
+            if value <= 0:
+                raise bad_value(NAME, arg, "a positive number of MiB", value)
+        if comm is None:
+            import ringcomm
+            comm = _default_comm(ringcomm)
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        for n, p in named:
+            if p.is_sparse or p.layout != torch.strided:
+                raise bad_value(NAME, "module", "dense (strided) parameters", f"{n} with layout {p.layout}")
+        self.module = module
+        self.comm = comm
+        self.broadcast_buffers = broadcast_buffers
+        self.find_unused_parameters = find_unused_parameters
+        self.gradient_as_bucket_view = gradient_as_bucket_view
+        self.require_backward_grad_sync = True
+        self.timeline = from_env(comm.rank)
+        self._hook_state = comm_hooks.CommState(comm)
+        self._hook = comm_hooks.allreduce_hook
+        # Replicas start from rank 0's state, whatever each rank initialised.
+        broadcast_tensors(comm, [p.data for p in module.parameters()] + [b.data for b in module.buffers()])
+        self.reducer = Reducer(comm, [p for _, p in named], [n for n, _ in named],
+                               bucket_cap_mb=bucket_cap_mb, first_bucket_mb=first_bucket_mb,
+                               find_unused_parameters=find_unused_parameters,
+                               gradient_as_bucket_view=gradient_as_bucket_view,
+                               hook=self._hook, state=self._hook_state, timeline=self.timeline)
+
+    # ---- training-loop API ---------------------------------------------------------------------
+    def forward(self, *args, **kwargs):
+        self.reducer.maybe_rebuild()
+        if self.broadcast_buffers:
+            buffers = [b.data for b in self.module.buffers()]
+            if buffers:
+                broadcast_tensors(self.comm, buffers)
+        t0 = time.perf_counter()
+        out = self.module(*args, **kwargs)
+        if self.timeline:
+            self.timeline.span("forward", t0, time.perf_counter(), COMPUTE)
+        if torch.is_grad_enabled() and self.require_backward_grad_sync:
+            tensors = [t for t in _tensors(out) if t.requires_grad]
+            if tensors:
+                self.reducer.prepare_backward(tensors)
+        else:
+            self.reducer.disarm()
+        return out
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Skip gradient synchronisation inside: gradients accumulate locally in ``.grad``.
+
+        The first backward after the block reduces the accumulated sum, so k micro-batches under
+        no_sync plus one outside equal one step on the k+1 times larger batch.
+        """
+        old = self.require_backward_grad_sync
+        self.require_backward_grad_sync = False
+        try:
+            yield
+        finally:
+            self.require_backward_grad_sync = old
+
+    def register_comm_hook(self, state, hook: Callable) -> None:
+        """Replace how a bucket is reduced: ``hook(state, bucket) -> future-like`` (see comm_hooks)."""
+        if not callable(hook):
+            raise bad_type("register_comm_hook", "hook", "a callable hook(state, bucket) -> future",
+                           type(hook).__name__)
+        if self.reducer._started:
+            raise bad_value("register_comm_hook", "hook", "a registration outside backward",
+                            getattr(hook, "__name__", hook))
+        if state is None:
+            state = self._hook_state
+        self.reducer.hook, self.reducer.state = hook, state
+
+    @property
+    def last_step_stats(self) -> dict:
+        """Timings of the last synchronised backward: backward_s; comm_s, the time some bucket's
+        reduction was in flight; exposed_comm_s, the time backward waited on it at its end."""
+        return dict(self.reducer.stats)
+
+    def bucket_members(self) -> list:
+        """Parameter indices (into the trainable parameters, in registration order) per bucket."""
+        return self.reducer.bucket_members()
+
+    def write_timeline(self) -> Optional[str]:
+        if self.timeline is None:
+            return None
+        self.timeline.write()
+        return self.timeline.path
+
+
+_DEFAULT_COMM = []
+
+
+def _default_comm(ringcomm):
+    """One communicator per process for every wrapper built with comm=None."""
+    if not _DEFAULT_COMM:
+        _DEFAULT_COMM.append(ringcomm.init())
+    return _DEFAULT_COMM[0]
+
+
+def _tensors(obj) -> list:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, (list, tuple)):
+        return [t for x in obj for t in _tensors(x)]
+    if isinstance(obj, dict):
+        return [t for x in obj.values() for t in _tensors(x)]
+    return []
+
+
+def broadcast_tensors(comm, tensors: list, root: int = 0) -> None:
+    """Give every rank root's values of ``tensors``: one byte-level broadcast per device.
+
+    Bytes, because buffers may have dtypes the communicator does not reduce (bool); a broadcast
+    only moves them.
+    """
+    by_device: dict = {}
+    for t in tensors:
+        if t.numel():
+            by_device.setdefault(t.device, []).append(t)
+    for device, group in by_device.items():
+        # Widest dtypes first: every offset stays a multiple of the element size that views it.
+        group.sort(key=lambda t: -t.element_size())
+        flat = torch.cat([t.detach().contiguous().reshape(-1).view(torch.uint8) for t in group])
+        staged = flat if comm_hooks.comm_accepts(comm, device) else flat.cpu()
+        comm.broadcast(staged, root=root)
+        if staged is not flat:
+            flat.copy_(staged)
+        offset = 0
+        for t in group:
+            n = t.numel() * t.element_size()
+            with torch.no_grad():
+                t.copy_(flat[offset:offset + n].view(t.dtype).view(t.shape))
+            offset += n

@@ -1,0 +1,268 @@
+"""DDP bucketing, ordering, hooks and errors with in-process ranks (ringcomm.testing.run_threads)."""
+import json
+
+import pytest
+import torch
+from torch import nn
+
+import ddp
+import ringcomm
+from ddp.reducer import MiB, assign_buckets
+from ringcomm.testing import run_threads
+
+KiB = 1 << 10
+
+
+def _params(*specs):
+    return [torch.zeros(n, dtype=dtype, device=device) for n, dtype, device in specs]
+
+
+# ---- bucket assignment (pure) -------------------------------------------------------------------
+def test_buckets_reverse_order_first_small():
+    params = _params(*[(256, torch.float32, "cpu")] * 8)    # 1 KiB each
+    order = list(reversed(range(8)))
+    buckets = assign_buckets(params, order, cap_bytes=3 * KiB, first_cap_bytes=1 * KiB)
+    assert buckets == [[7], [6, 5, 4], [3, 2, 1], [0]]
+
+
+def test_buckets_never_mix_dtypes():
+    params = _params((256, torch.float32, "cpu"), (256, torch.float64, "cpu"), (256, torch.float32, "cpu"),
+                     (256, torch.float64, "cpu"))
+    buckets = assign_buckets(params, [3, 2, 1, 0], cap_bytes=MiB, first_cap_bytes=MiB)
+    assert buckets == [[3, 1], [2, 0]]
+    for b in buckets:
+        assert len({params[i].dtype for i in b}) == 1
+
+
+def test_buckets_follow_given_order():
+    params = _params(*[(256, torch.float32, "cpu")] * 4)
+    assert assign_buckets(params, [1, 3, 0, 2], cap_bytes=2 * KiB, first_cap_bytes=2 * KiB) == [[1, 3], [0, 2]]
+
+
+def _bucket_layout(comm, **kw):
+    model = ddp.DistributedDataParallel(nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 8)), comm, **kw)
+    flats = [b.flat for b in model.reducer.buckets]
+    return model.bucket_members(), [f.numel() for f in flats], [f.is_contiguous() for f in flats]
+
+
+def test_each_bucket_one_contiguous_buffer():
+    members, sizes, contiguous = run_threads(1, lambda c: _bucket_layout(c, first_bucket_mb=1e-5, bucket_cap_mb=2 / 1024))[0]
+    assert members == [[3], [2], [1, 0]]          # the 32-byte bias alone (first cap 10 B), a 2 KiB weight fills a 2 KiB cap, the rest
+    assert sizes == [8, 512, 64 + 64 * 64] and all(contiguous)
+
+
+# ---- argument checks ---------------------------------------------------------------------------
+def test_bad_arguments_raise_before_communication():
+    def body(comm):
+        with pytest.raises(ringcomm.ArgumentTypeError, match='"module"'):
+            ddp.DistributedDataParallel("not a module", comm)
+        with pytest.raises(ringcomm.UsageError, match='"bucket_cap_mb"'):
+            ddp.DistributedDataParallel(nn.Linear(2, 2), comm, bucket_cap_mb=0)
+        model = ddp.DistributedDataParallel(nn.Linear(2, 2), comm)
+        with pytest.raises(ringcomm.ArgumentTypeError, match='"hook"'):
+            model.register_comm_hook(None, "allreduce")
+        model.register_comm_hook(None, lambda state, bucket: "not a future")
+        with pytest.raises(ringcomm.UsageError, match="future-like"):
+            model(torch.ones(1, 2)).sum().backward()
+        model.register_comm_hook(None, ddp.allreduce_hook)     # recovers: the next step works
+        model.zero_grad()
+        model(torch.ones(1, 2)).sum().backward()
+        return model.module.weight.grad.tolist()
+    assert run_threads(1, body) == [[[1.0, 1.0], [1.0, 1.0]]]
+
+
+# ---- behaviour across ranks ----------------------------------------------------------------------
+class Swapped(nn.Module):
+    """Rank-dependent layer order: gradients become ready in a different order on each rank."""
+
+    def __init__(self, rank):
+        super().__init__()
+        self.rank = rank
+        self.a, self.b, self.c = nn.Linear(6, 6), nn.Linear(6, 6), nn.Linear(6, 6)
+
+    def forward(self, x):
+        layers = (self.a, self.b, self.c) if self.rank % 2 == 0 else (self.c, self.b, self.a)
+        for layer in layers:
+            x = torch.tanh(layer(x))
+        return x
+
+
+def _local_grads(model, x):
+    model.zero_grad()
+    model(x).sum().backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def test_grad_ready_order_differs_across_ranks():
+    """Tiny buckets + different ready orders: launches stay matched, results are the true average."""
+    world = 3
+
+    def body(comm):
+        net = Swapped(comm.rank).double()
+        model = ddp.DistributedDataParallel(net, comm, first_bucket_mb=1e-6, bucket_cap_mb=1e-6)
+        plain = Swapped(comm.rank).double()
+        plain.load_state_dict(net.state_dict())      # rank 0's parameters, after the broadcast
+        out = []
+        for step in range(3):
+            x = torch.randn(4, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(step * 10 + comm.rank))
+            model.zero_grad()
+            model(x).sum().backward()
+            out.append(([p.grad.clone() for p in net.parameters()], _local_grads(plain, x)))
+        return out, model.bucket_members(), model.reducer.rebuilt
+
+    results = run_threads(world, body)
+    assert all(r[2] for r in results)
+    assert all(r[1] == results[0][1] for r in results), "bucket layouts differ across ranks"
+    for step in range(3):
+        local = [r[0][step][1] for r in results]
+        expected = [sum(g[i] for g in local) / world for i in range(len(local[0]))]
+        for r in results:
+            for got, want in zip(r[0][step][0], expected):
+                torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_buckets_launch_while_backward_runs():
+    """The first bucket goes out before earlier layers' gradients exist: communication overlaps."""
+    def body(comm):
+        net = nn.Sequential(*[nn.Linear(32, 32) for _ in range(6)])
+        model = ddp.DistributedDataParallel(net, comm, first_bucket_mb=1e-6, bucket_cap_mb=1e-6)
+        seen = []
+
+        def hook(state, bucket):
+            seen.append(sum(p.grad is None for p in net.parameters()))
+            return ddp.allreduce_hook(state, bucket)
+        model.register_comm_hook(ddp.CommState(comm), hook)
+        model(torch.randn(2, 32)).sum().backward()
+        return seen
+    seen = run_threads(2, body)[0]
+    assert seen[0] == 11 and seen[-1] == 0, seen       # 12 parameters, launched one by one
+
+
+def test_unused_parameter_on_one_rank_only_counts_as_zero():
+    class Branchy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.main, self.side = nn.Linear(4, 4), nn.Linear(4, 4)
+
+        def forward(self, x, use_side):
+            return self.main(x) + (self.side(x) if use_side else 0)
+
+    def body(comm):
+        torch.manual_seed(0)
+        net = Branchy().double()
+        model = ddp.DistributedDataParallel(net, comm, find_unused_parameters=True)
+        x = torch.ones(2, 4, dtype=torch.float64)
+        model(x, comm.rank == 0).sum().backward()
+        return net.side.weight.grad.clone(), net.side.bias.grad.clone()
+
+    (w0, b0), (w1, b1) = run_threads(2, body)
+    torch.testing.assert_close(w0, torch.full((4, 4), 1.0, dtype=torch.float64))   # (2 + 0) / 2
+    torch.testing.assert_close(b0, torch.full((4,), 1.0, dtype=torch.float64))
+    assert torch.equal(w0, w1) and torch.equal(b0, b1)
+
+
+def test_unused_parameter_without_find_unused_names_it():
+    class Partial(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.used, self.idle = nn.Linear(3, 3), nn.Linear(3, 3)
+
+        def forward(self, x):
+            return self.used(x)
+
+    def body(comm):
+        model = ddp.DistributedDataParallel(Partial(), comm)
+        with pytest.raises(ringcomm.UsageError, match=r"idle\.weight, idle\.bias"):
+            model(torch.ones(1, 3)).sum().backward()
+        x = torch.ones(2)
+        comm.all_reduce(x)                 # launched buckets drained: the communicator still works
+        return x.tolist()
+    assert run_threads(2, body) == [[2.0, 2.0]] * 2
+
+
+def test_unused_parameter_on_one_rank_without_find_unused_does_not_hang():
+    """Rank 1 alone misses a gradient: it raises naming it; rank 0 finishes; both stay in step."""
+    class Maybe(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.main, self.side = nn.Linear(3, 3), nn.Linear(3, 3)
+
+        def forward(self, x, use_side):
+            return self.main(x) + (self.side(x) if use_side else 0)
+
+    def body(comm):
+        model = ddp.DistributedDataParallel(Maybe(), comm, first_bucket_mb=1e-6, bucket_cap_mb=1e-6)
+        outcome = "ok"
+        try:
+            model(torch.ones(1, 3), comm.rank == 0).sum().backward()
+        except ringcomm.UsageError as err:
+            outcome = str(err)
+        x = torch.ones(2)
+        comm.all_reduce(x)
+        return outcome, x.tolist()
+    (out0, x0), (out1, x1) = run_threads(2, body, timeout=20)
+    assert out0 == "ok" and "side.weight, side.bias" in out1, (out0, out1)
+    assert x0 == x1 == [2.0, 2.0]
+
+
+def test_gradient_as_bucket_view_shares_storage():
+    def body(comm):
+        net = nn.Linear(5, 3)
+        model = ddp.DistributedDataParallel(net, comm, gradient_as_bucket_view=True)
+        for _ in range(2):
+            model.zero_grad()
+            model(torch.randn(2, 5)).sum().backward()
+        flat = model.reducer.buckets[0].flat
+        lo, hi = flat.data_ptr(), flat.data_ptr() + flat.numel() * flat.element_size()
+        return all(lo <= p.grad.data_ptr() < hi for p in net.parameters())
+    assert all(run_threads(2, body))
+
+
+def test_torch_future_hook_is_accepted():
+    """A hook may return any future-like object, e.g. an already completed torch Future."""
+    def local_sum_hook(state, bucket):
+        fut = torch.futures.Future()
+        fut.set_result([bucket.buffer().mul_(10)])
+        return fut
+
+    def body(comm):
+        net = nn.Linear(2, 1, bias=False)
+        model = ddp.DistributedDataParallel(net, comm)
+        model.register_comm_hook(None, local_sum_hook)
+        model(torch.ones(1, 2)).sum().backward()
+        return net.weight.grad.tolist()
+    assert run_threads(1, body) == [[[10.0, 10.0]]]
+
+
+def test_timeline_written_per_rank(tmp_path, monkeypatch):
+    monkeypatch.setenv("RINGCOMM_TIMELINE", str(tmp_path / "t.json"))
+
+    def body(comm):
+        model = ddp.DistributedDataParallel(nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 2)), comm,
+                                            first_bucket_mb=1e-6, bucket_cap_mb=1e-6)
+        model(torch.randn(3, 8)).sum().backward()
+        return model.write_timeline()
+    paths = run_threads(2, body)
+    assert paths == [str(tmp_path / f"t.rank{r}.json") for r in range(2)]
+    events = json.load(open(paths[1]))["traceEvents"]
+    names = [e["name"] for e in events]
+    assert "forward" in names and "backward" in names
+    for b in range(4):
+        assert f"bucket {b} ready" in names and f"bucket {b} launch" in names
+        assert f"all_reduce bucket {b}" in names
+
+
+def test_cuda_module():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device on this machine (torch.cuda.is_available() is False)")
+
+    def body(comm):
+        torch.manual_seed(comm.rank)
+        net = nn.Linear(16, 4).cuda()
+        model = ddp.DistributedDataParallel(net, comm, gradient_as_bucket_view=True)
+        x = torch.full((2, 16), float(comm.rank + 1), device="cuda")
+        model(x).sum().backward()
+        return net.weight.grad.cpu(), net.weight.detach().cpu()
+    (g0, w0), (g1, w1) = run_threads(2, body)
+    assert torch.equal(w0, w1) and torch.equal(g0, g1)
+    torch.testing.assert_close(g0, torch.full((4, 16), 3.0))     # mean over ranks of 2 * (r + 1)

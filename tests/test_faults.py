@@ -1,0 +1,157 @@
+"""Fault injection on in-process ranks: mismatches and missing ranks fail loudly, fast, everywhere.
+
+The same scenarios run under real mpirun in test_faults_mpi.py."""
+import os
+import time
+
+import numpy as np
+import pytest
+
+from ringcomm import CommError, CommTimeoutError, MismatchError, PeerAbortedError
+from ringcomm.errors import NonFiniteError
+from ringcomm.testing import run_threads
+from ringcomm.transport.threads import ThreadsTransport, ThreadsWorld
+from ringcomm import Communicator
+
+import threading
+
+
+def run_each(size, fn, timeout=10, env=None):
+    """Like run_threads, but collect every rank's outcome (result or exception) instead of raising."""
+    old = {k: os.environ.get(k) for k in (env or {})}
+    os.environ.update(env or {})
+    try:
+        world = ThreadsWorld(size)
+        outcome = [None] * size
+        elapsed = [None] * size
+
+        def main(rank):
+            comm = Communicator(ThreadsTransport(world, rank), timeout=timeout)
+            start = time.monotonic()
+            try:
+                outcome[rank] = fn(comm)
+            except BaseException as err:
+                outcome[rank] = err
+            elapsed[rank] = time.monotonic() - start
+        threads = [threading.Thread(target=main, args=(r,), daemon=True) for r in range(size)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout + 30)
+        return outcome, elapsed
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "tree", "recursive_doubling", "rabenseifner"])
+def test_one_element_more_raises_mismatch_on_every_rank(algorithm):
+    def fn(comm):
+        comm.all_reduce(np.ones(100 + (comm.rank == 1), np.float32), algorithm=algorithm)
+    outcome, elapsed = run_each(3, fn)
+    for rank, err in enumerate(outcome):
+        assert isinstance(err, (MismatchError, PeerAbortedError)), (rank, err)
+        assert "all_reduce #0" in str(err)
+    assert any(isinstance(e, MismatchError) and "count" in str(e) for e in outcome)
+    assert max(elapsed) < 5
+
+
+def test_other_dtype_of_the_same_width_raises_instead_of_reducing_garbage():
+    def fn(comm):
+        dtype = np.int32 if comm.rank == 0 else np.float32
+        comm.all_reduce(np.ones(64, dtype))
+    outcome, elapsed = run_each(2, fn)
+    assert all(isinstance(e, CommError) for e in outcome), outcome
+    assert any(isinstance(e, MismatchError) and "dtype: expected" in str(e) for e in outcome)
+    assert max(elapsed) < 5
+
+
+def test_skipped_collective_raises_mismatch_naming_the_collectives():
+    def fn(comm):
+        if comm.rank != 2:
+            comm.all_reduce(np.ones(10))
+        comm.broadcast(np.ones(10))
+    outcome, elapsed = run_each(4, fn)
+    assert all(isinstance(e, CommError) for e in outcome), outcome
+    # Rank 2's first call is the broadcast: sequence numbers agree, the collectives do not.
+    assert any(isinstance(e, MismatchError) and "collective: expected broadcast, received all_reduce" in str(e)
+               for e in outcome)
+    assert max(elapsed) < 5
+
+
+def test_rank_that_never_joins_makes_the_others_time_out_naming_the_peer(capsys):
+    def fn(comm):
+        if comm.rank != 1:
+            comm.all_reduce(np.ones(10), algorithm="ring")
+    outcome, elapsed = run_each(3, fn, timeout=1.0)
+    assert outcome[1] is None
+    for rank in (0, 2):
+        assert isinstance(outcome[rank], (CommTimeoutError, PeerAbortedError)), outcome[rank]
+        assert elapsed[rank] < 1.0 + 2.0
+    assert any(isinstance(e, CommTimeoutError) and "rank 1" in str(e) for e in outcome)
+    assert "flight recorder" in capsys.readouterr().err
+
+
+def test_after_a_failure_the_communicator_is_broken_with_the_original_cause():
+    def fn(comm):
+        try:
+            comm.all_reduce(np.ones(8 + comm.rank))
+        except CommError:
+            pass
+        start = time.monotonic()
+        with pytest.raises(CommError, match="earlier failure") as info:
+            comm.all_reduce(np.ones(8))
+        assert time.monotonic() - start < 0.5
+        return info.value.__cause__
+    outcome, _ = run_each(2, fn)
+    assert all(isinstance(c, CommError) for c in outcome), outcome
+
+
+@pytest.mark.parametrize("fault,field", [("count", "count"), ("dtype", "dtype"), ("op", "op"),
+                                         ("root", "root"), ("skip", "collective")])
+def test_debug_detail_names_the_ranks_and_the_field(fault, field):
+    def fn(comm):
+        odd = comm.rank == 2
+        count = 11 if fault == "count" and odd else 10
+        dtype = np.float64 if fault == "dtype" and odd else np.float32
+        if fault == "skip" and odd:
+            comm.barrier()
+            return
+        if fault == "root":
+            comm.broadcast(np.ones(count, dtype), root=1 if odd else 0)
+        else:
+            comm.all_reduce(np.ones(count, dtype), op="max" if fault == "op" and odd else "sum")
+    outcome, elapsed = run_each(4, fn, env={"RINGCOMM_DEBUG": "detail"})
+    for rank, err in enumerate(outcome):
+        assert isinstance(err, MismatchError), (rank, err)
+        assert field in str(err) and "ranks [2]" in str(err), str(err)
+    assert max(elapsed) < 5
+
+
+def test_check_finite_names_the_rank_on_every_rank():
+    def fn(comm):
+        x = np.ones(10, np.float32)
+        if comm.rank == 1:
+            x[3] = np.nan
+        comm.all_reduce(x)
+    outcome, _ = run_each(3, fn, env={"RINGCOMM_CHECK_FINITE": "1"})
+    for err in outcome:
+        assert isinstance(err, NonFiniteError) and "ranks [1]" in str(err), err
+
+
+def test_work_wait_timeout_raises_instead_of_hanging():
+    def fn(comm):
+        if comm.rank == 0:
+            work = comm.all_reduce(np.ones(4), async_op=True)
+            with pytest.raises(CommTimeoutError, match="all_reduce #0"):
+                work.wait(timeout=0.2)
+            comm.barrier()   # let rank 1 join now
+            return work.wait(timeout=10)
+        time.sleep(0.5)
+        comm.all_reduce(np.ones(4))
+        comm.barrier()
+    out = run_threads(2, fn, timeout=10)
+    assert (out[0] == 2).all()

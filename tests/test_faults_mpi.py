@@ -1,0 +1,71 @@
+"""Fault injection under real mpirun: what every rank raised, and how fast."""
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from mpi_util import run_mpi
+
+pytestmark = pytest.mark.mpi
+LINE = re.compile(r"^rank (\d+) after ([\d.]+)s: (\w+)(?::(.*))?$", re.M)
+
+
+def outcomes(out_dir):
+    text = "".join(p.read_text() for p in sorted(Path(out_dir).glob("rank*.txt")))
+    return {int(r): (float(t), kind, msg or "") for r, t, kind, msg in LINE.findall(text)}
+
+
+def shm_entries():
+    shm = Path("/dev/shm")
+    return sorted(p.name for p in shm.iterdir() if "ringcomm" in p.name) if shm.exists() else []
+
+
+@pytest.fixture(autouse=True)
+def no_shm_leaks():
+    before = shm_entries()
+    yield
+    assert shm_entries() == before, "shared-memory segments left behind in /dev/shm"
+
+
+@pytest.mark.parametrize("detail", [False, True], ids=["default", "debug-detail"])
+@pytest.mark.parametrize("scenario,field", [("extra", "count"), ("dtype", "dtype"), ("skip", "collective")])
+def test_mismatch_raises_on_every_rank_within_seconds(scenario, field, detail, tmp_path):
+    env = {"RINGCOMM_TIMEOUT": "20", "FAULTS_OUT": str(tmp_path)}
+    if detail:
+        env["RINGCOMM_DEBUG"] = "detail"
+    run_mpi(3, "faults.py", scenario, 100_000, env=env)
+    seen = outcomes(tmp_path)
+    assert sorted(seen) == [0, 1, 2]
+    for rank, (took, kind, msg) in seen.items():
+        assert kind in ("MismatchError", "PeerAbortedError"), (rank, kind, msg)
+        assert took < 5.0, (rank, took)   # detection itself takes ~0.1 s; slack for a loaded CI box
+    mismatches = [msg for _, kind, msg in seen.values() if kind == "MismatchError"]
+    assert mismatches and all(field in m for m in mismatches), mismatches
+    if detail:   # every rank names the odd rank itself
+        assert all(kind == "MismatchError" and "ranks [1]" in msg for _, kind, msg in seen.values())
+
+
+def test_absent_rank_makes_the_others_time_out_naming_it(tmp_path):
+    proc = run_mpi(3, "faults.py", "absent", env={"RINGCOMM_TIMEOUT": "2", "FAULTS_OUT": str(tmp_path)})
+    seen = outcomes(tmp_path)
+    assert seen[1][1] == "ok"
+    for rank in (0, 2):
+        took, kind, msg = seen[rank]
+        assert kind == "CommTimeoutError" and 2.0 <= took < 4.0, seen[rank]
+        assert "all_reduce #1" in msg and "waiting to" in msg
+    assert re.search(r"waiting to (send to|receive from) rank 1 ", seen[0][2]), seen[0]
+    assert proc.stderr.count("ringcomm flight recorder") == 2
+
+
+def test_sigkilled_rank_ends_the_job_nonzero_within_seconds(tmp_path):
+    start = time.monotonic()
+    proc = run_mpi(3, "faults.py", "kill", env={"RINGCOMM_TIMEOUT": "60", "FAULTS_OUT": str(tmp_path)},
+                   check=False, timeout=60)
+    assert proc.returncode != 0
+    assert time.monotonic() - start < 30
+
+
+def test_soak_ten_thousand_random_collectives():
+    out = run_mpi(3, "soak.py", 10_000, 7, timeout=400).stdout
+    assert out.count("10000 collectives checked") == 3, out

@@ -1,0 +1,95 @@
+"""Real mpirun jobs: every collective on every backend, async in flight, and init's choices.
+
+Each launch batches thousands of checks (a launch costs about a second of startup); the jobs
+write a JSON report that is asserted here, so a failure lists every wrong case by name.
+"""
+import json
+
+import pytest
+
+import ringcomm
+from mpi_util import run_mpi
+
+BACKENDS = "ringcomm,mpi,gloo"
+
+
+def report_of(tmp_path, n, script, *args):
+    path = tmp_path / "report.json"
+    proc = run_mpi(n, script, path, *args, timeout=240, check=False)
+    if not path.exists():
+        pytest.fail(f"{script} wrote no report (exit {proc.returncode})\n{proc.stdout}\n{proc.stderr}")
+    report = json.loads(path.read_text())
+    assert not report["failures"], "\n".join(report["failures"][:40])
+    assert proc.returncode == 0, proc.stderr
+    return report
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n,pretend_nodes", [(2, 0), (3, 3), (4, 0), (4, 2)],
+                         ids=["n2", "n3-every-rank-its-own-node", "n4", "n4-two-pretend-nodes"])
+def test_every_collective_on_every_backend_matches_float64(tmp_path, n, pretend_nodes):
+    args = ["--backends", BACKENDS] + (["--pretend-nodes", pretend_nodes] if pretend_nodes else [])
+    report = report_of(tmp_path, n, "collectives_grid.py", *args)
+    for backend in BACKENDS.split(","):
+        assert report["backends"][backend]["checks"] >= 500 * n, report["backends"][backend]
+    nodes = pretend_nodes or 1
+    ranks = report["backends"]["ringcomm"]["ranks"]
+    assert [r["node_count"] for r in ranks] == [nodes] * n
+    node_of = [r * nodes // n for r in range(n)]   # how the job assigns pretend nodes
+    assert [r["local_size"] for r in ranks] == [node_of.count(node_of[r]) for r in range(n)]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [2, 4])
+def test_async_collectives_in_flight_and_init_choices(tmp_path, n):
+    report = report_of(tmp_path, n, "async_and_init.py", "--backends", BACKENDS)
+    assert report["checks"] >= 30 * n
+
+
+def test_unknown_backend_is_a_usage_error_naming_the_valid_ones(monkeypatch):
+    with pytest.raises(ringcomm.UsageError, match="ringcomm, mpi, gloo, nccl.*'bogus'"):
+        ringcomm.init("bogus")
+    monkeypatch.setenv("RINGCOMM_BACKEND", "bogus")
+    with pytest.raises(ringcomm.UsageError, match="RINGCOMM_BACKEND"):
+        ringcomm.init()
+    with pytest.raises(ringcomm.ArgumentTypeError, match="backend"):
+        ringcomm.init(3)
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-5", "inf"])
+def test_bad_timeout_in_the_environment_is_a_usage_error(monkeypatch, value):
+    monkeypatch.setenv("RINGCOMM_TIMEOUT", value)
+    with pytest.raises(ringcomm.UsageError, match="RINGCOMM_TIMEOUT"):
+        ringcomm.init("mpi")
+
+
+def test_bad_timeout_argument_is_rejected_before_mpi_starts():
+    with pytest.raises(ringcomm.UsageError, match="timeout"):
+        ringcomm.init("mpi", timeout=0)
+    with pytest.raises(ringcomm.ArgumentTypeError, match="timeout"):
+        ringcomm.init("mpi", timeout="10")
+
+
+@pytest.mark.mpi
+def test_a_collective_nobody_joins_times_out_on_every_backend(tmp_path):
+    report = report_of(tmp_path, 3, "timeouts.py", "--backends", BACKENDS)
+    assert report["checks"] == 2 * len(BACKENDS.split(","))
+
+
+def _cuda_reason():
+    try:
+        import torch
+    except ImportError:  # pragma: no cover
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return f"needs a CUDA GPU: torch {torch.__version__} reports none"
+    return None
+
+
+@pytest.mark.gpu
+@pytest.mark.mpi
+@pytest.mark.skipif(_cuda_reason() is not None, reason=str(_cuda_reason()))
+def test_nccl_backend_runs_the_grid_on_one_gpu(tmp_path):
+    # One rank: NCCL refuses two ranks on one device, and a GPU machine here has one.
+    report = report_of(tmp_path, 1, "collectives_grid.py", "--backends", "nccl")
+    assert report["backends"]["nccl"]["checks"] >= 500
