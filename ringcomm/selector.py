@@ -66,14 +66,33 @@ def local_sizes(nodes, size: int) -> tuple:
     return tuple(counts.values())
 
 
-def routes_of(transport) -> tuple:
-    """(intra-node, inter-node) transport names. A transport that routes peers differently (shared
-    memory inside a node, MPI between nodes) says so in ``link_names``; otherwise its name is both."""
+def routes_of(transport, nodes=None) -> tuple:
+    """(intra-node, inter-node) transport names, the keys of the tuning's links.
+
+    A transport may say so outright with ``link_names = {"intra": ..., "inter": ...}``. A routed
+    transport (``routes``: peer -> the transport serving it, shared memory for peers of this
+    node, MPI for the others) is read peer by peer against the node map. Otherwise the
+    transport's own name serves both. A job on one node has no inter-node traffic: its inter
+    name is its intra name."""
     names = getattr(transport, "link_names", None)
     if names:
-        return names.get("intra", transport.name), names.get("inter", transport.name)
-    name = getattr(transport, "name", "mpi")
-    return name, name
+        return names["intra"], names["inter"]
+    own = getattr(transport, "name", "mpi")
+    peers = getattr(transport, "routes", None)
+    if not isinstance(peers, dict) or not peers:
+        return own, own
+    rank = getattr(transport, "rank", None)
+
+    def served(same_node):
+        found = {getattr(t, "name", own) for p, t in peers.items()
+                 if nodes is None or rank is None or (nodes[p] == nodes[rank]) == same_node}
+        return found.pop() if len(found) == 1 else (own if found else None)
+    if nodes is None or rank is None:
+        both = served(True)
+        return both, both
+    intra, inter = served(True), served(False)
+    intra = intra or inter or own
+    return intra, inter or intra
 
 
 @lru_cache(maxsize=8192)
@@ -139,6 +158,7 @@ class Selector:
             algorithms.get(collective, name)
         self._networks: dict = {}
         self._memo: dict = {}
+        self._routes: dict = {}
 
     @classmethod
     def from_env(cls) -> "Selector":
@@ -169,6 +189,17 @@ class Selector:
             choice.algorithm, choice.reason = decide(predicted, measured)
         return choice
 
+    def _routes_for(self, transport, nodes) -> tuple:
+        """routes_of, remembered per (transport, node map): it walks every peer once."""
+        if transport is None:
+            return ("mpi", "mpi")
+        cached = self._routes.get(id(transport))
+        if cached is None or cached[0] is not transport or cached[1] != nodes \
+                or cached[3] != getattr(transport, "link_names", None):
+            cached = self._routes[id(transport)] = (transport, nodes, routes_of(transport, nodes),
+                                                    getattr(transport, "link_names", None))
+        return cached[2]
+
     def choose(self, collective: str, nbytes: int, size: int, *, dtype: str = "float32", nodes=None,
                transport=None) -> str:
         """The algorithm for one call; memoised per distinct call shape (a training loop repeats
@@ -176,7 +207,7 @@ class Selector:
         forced = self.forced.get(collective)
         if forced is not None:
             return forced
-        routes = routes_of(transport) if transport is not None else ("mpi", "mpi")
+        routes = self._routes_for(transport, nodes)
         key = (collective, nbytes, size, dtype, nodes, routes)
         name = self._memo.get(key)
         if name is None:

@@ -202,7 +202,7 @@ def check(comm, sizes, rounds: int, budget: float) -> int:
             print(f"{nbytes:>10} {pick:<20}{best:<20}{seconds['auto'][i] * 1e6:>9.1f}us"
                   f"{seconds[best][i] * 1e6:>9.1f}us{ratio:>7.2f}{noise:>7.2f}{'  > 10%' if ratio > 1.10 else ''}")
         print(f"auto within 10% of the best forced algorithm at {len(sizes) - misses} of {len(sizes)} sizes "
-              f"(routes {routes_of(comm.transport)}, tuning: {comm.selector.tuning.source}); "
+              f"(routes {routes_of(comm.transport, comm.topology.node_of)}, tuning: {comm.selector.tuning.source}); "
               f"noise = slower/faster of two interleaved runs of auto itself")
     return misses
 
@@ -263,7 +263,7 @@ def main(argv=None) -> int:
         comm.barrier()
         comm.close()
         return 0
-    intra_route, inter_route = routes_of(comm.transport)
+    intra_route, inter_route = routes_of(comm.transport, topo.node_of)
     pairs = {}
     same = [r for r in range(1, comm.size) if topo.same_node(0, r)]
     other = [r for r in range(1, comm.size) if not topo.same_node(0, r)]

@@ -45,6 +45,35 @@ class _Routes:
         self.link_names = {"intra": intra, "inter": inter}
 
 
+class _Named:
+    def __init__(self, name):
+        self.name = name
+
+
+class _Routed:
+    """Shaped like a routed transport: peer -> the transport that serves it."""
+    name = "routed"
+
+    def __init__(self, rank, routes):
+        self.rank, self.routes = rank, routes
+
+
+def test_routes_are_read_from_a_routed_transport_peer_by_peer():
+    from ringcomm.selector import routes_of
+    shm, mpi = _Named("shm"), _Named("mpi")
+    nodes = (0, 0, 1, 1)
+    routed = _Routed(0, {1: shm, 2: mpi, 3: mpi})
+    assert routes_of(routed, nodes) == ("shm", "mpi")
+    assert routes_of(_Routed(0, {1: shm, 2: shm}), (0, 0, 0)) == ("shm", "shm")     # one node
+    assert routes_of(_Routed(0, {1: mpi}), (0, 1)) == ("mpi", "mpi")                # one rank per node
+    assert routes_of(_Routes("shm", "mpi")) == ("shm", "mpi")
+    assert routes_of(_Named("threads")) == ("threads", "threads")
+    sel = Selector(tuning=Tuning(links={"mpi": (20e-6, 1 / 1e9), "shm": (2e-6, 1 / 20e9)}))
+    big = sel.choose("all_reduce", 256 << 20, 4, nodes=nodes, transport=routed)
+    assert big == min(sel.explain("all_reduce", 256 << 20, 4, nodes=nodes, routes=("shm", "mpi")).predicted.items(),
+                      key=lambda kv: kv[1])[0]
+
+
 def test_the_choice_moves_with_size_and_topology():
     sel = Selector(tuning=Tuning(links={"mpi": (20e-6, 1 / 1e9), "shm": (2e-6, 1 / 20e9)}))
     assert sel.choose("all_reduce", 8, 16) == "recursive_doubling"
