@@ -20,7 +20,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..errors import PeerAbortedError, UsageError
+from ..errors import MismatchError, PeerAbortedError, UsageError
 from .base import Request, Transport
 
 SPIN_SECONDS = 50e-6
@@ -66,6 +66,30 @@ class MPIRequest(Request):
         return wait_polling(self.test, timeout, self._transport.aborted_reason)
 
 
+class MPIRecvRequest(MPIRequest):
+    """A receive that checks the message's length: MPI silently accepts a shorter message."""
+    __slots__ = ("_status", "_expect", "_peer")
+
+    def __init__(self, req, transport: "MPITransport", nbytes: int, peer: int):
+        super().__init__(req, transport)
+        self._status, self._expect, self._peer = transport.new_status(), nbytes, peer
+
+    def test(self) -> bool:
+        if not self._done:
+            try:
+                self._done = self._req.Test(self._status)
+            except Exception as err:   # MPI_ERR_TRUNCATE: the message is longer than the receive
+                raise MismatchError(f"rank {self._transport.rank}: a message from rank {self._peer} does "
+                                    f"not fit the receive of {self._expect} bytes "
+                                    f"({str(err).splitlines()[0]})") from None
+            if self._done:
+                got = self._status.Get_count(self._transport.byte)
+                if got != self._expect:
+                    raise MismatchError(f"rank {self._transport.rank}: the message from rank {self._peer} "
+                                        f"has {got} bytes, the receive expected {self._expect}")
+        return self._done
+
+
 class MPITransport(Transport):
     name = "mpi"
 
@@ -74,7 +98,8 @@ class MPITransport(Transport):
         self.comm = comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self._aborted: Optional[str] = None
-        self._byte = MPI.BYTE
+        self._byte = self.byte = MPI.BYTE
+        self.new_status = MPI.Status
 
     def _bytes(self, buf: np.ndarray):
         if not isinstance(buf, np.ndarray):   # a cupy array: this MPI cannot read device memory
@@ -88,7 +113,7 @@ class MPITransport(Transport):
         return MPIRequest(self.comm.Isend(self._bytes(buf), dest=peer, tag=tag), self)
 
     def irecv(self, buf, peer, tag):
-        return MPIRequest(self.comm.Irecv(self._bytes(buf), source=peer, tag=tag), self)
+        return MPIRecvRequest(self.comm.Irecv(self._bytes(buf), source=peer, tag=tag), self, buf.nbytes, peer)
 
     def probe(self, source, tag=None):
         from mpi4py import MPI
