@@ -85,6 +85,7 @@ def _cuda_flat(x, name: str, collective: str, argument: str):
     except ImportError:
         raise bad_value(collective, argument, "a CPU tensor (CUDA tensors need cupy: "
                         "pip install cupy-cuda12x)", f"a tensor on {x.device}") from None
+    torch = _torch()
     t = x.detach().reshape(-1)
     if name == "bfloat16":   # cupy has no bfloat16: carry the bits, ops.py widens them
         return cupy.from_dlpack(t.view(torch.int16)).view(cupy.uint16)

@@ -19,7 +19,7 @@ and that the job cannot deadlock even when every send waits for its receive (MPI
 """
 from __future__ import annotations
 
-from collections import defaultdict, deque
+from collections import defaultdict
 from typing import NamedTuple, Sequence
 
 

@@ -99,7 +99,7 @@ def report(name: str, spec: dict, collective: str, sizes, max_ranks: int, out=sy
         cells = "  ".join(f"{human(s)}: {a}" for s, a in crossover_row(collective, net, sweep))
         print(f"{n:>5} ranks {net.nodes:>4} node(s)  {cells}", file=out)
     factor = BUS_FACTOR[collective]
-    print(f"-- predicted time and busbw (GB/s) of the choice, and of the flat ring", file=out)
+    print("-- predicted time and busbw (GB/s) of the choice, and of the flat ring", file=out)
     print(f"{'ranks':>5}" + "".join(f"{human(s):>45}" for s in sizes), file=out)
     for n in world_sizes(max_ranks):
         net = uniform(intra, inter, per_node, n, nics)

@@ -17,7 +17,6 @@ The file goes to ``--out``, else ``RINGCOMM_TUNING_FILE``, else ~/.cache/ringcom
 """
 from __future__ import annotations
 
-import os
 import socket
 import statistics
 import time

@@ -4,7 +4,6 @@ from __future__ import annotations
 import csv
 import json
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
