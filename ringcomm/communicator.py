@@ -216,11 +216,12 @@ class Communicator:
         itemsize = work.itemsize if buf is None else buf.dtype.itemsize
         dtype = buf.dtype.name if buf is not None else None
         nodes = None if self.topology is None else self.topology.node_of
-        how = "algorithm= argument" if algorithm else \
-            "RINGCOMM_ALGO" if name in self.selector.forced else "cost model"
+        forced = algorithm
         algorithm = algorithm or self.selector.choose(name, work.size * itemsize, self.size, dtype=dtype or "uint8",
                                                       nodes=nodes, transport=self.transport)
-        if _log.isEnabledFor(logging.INFO):
+        if _log.isEnabledFor(logging.INFO):   # RINGCOMM_DEBUG=info: why this algorithm ran
+            how = "algorithm= argument" if forced else \
+                "RINGCOMM_ALGO" if name in self.selector.forced else "cost model"
             _log.info("rank %d %s #%d: %s, %d x %s (%s)", self.rank, name, seq, algorithm, work.size,
                       dtype or "bytes", how)
         seg = max(1, DEFAULT_SEGMENT_BYTES // itemsize)

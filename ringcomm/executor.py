@@ -42,11 +42,6 @@ def compile_program(program) -> tuple:
     return tuple(_compile_lane(lane) for lane in lanes_of(program) if lane)
 
 
-def _scratch_size(lane) -> int:
-    size = getattr(lane, "scratch", None)   # lanes compiled elsewhere may be plain lists
-    return max(n for *_, n in lane) if size is None else size
-
-
 class _Step:
     """One posted step: its requests in completion order, and reductions deferred to its end."""
     __slots__ = ("requests", "reductions", "cursor")
@@ -147,7 +142,7 @@ def run(compiled, transport: Transport, work: np.ndarray, reduce: Optional[Reduc
 
 def _run_lane(lane, transport, work, reduce, base, watch: _Watch) -> None:
     # empty_like: scratch lives where work does (numpy, or cupy for CUDA tensors)
-    scratch = np.empty_like(work, shape=_scratch_size(lane))
+    scratch = np.empty_like(work, shape=lane.scratch)
     for k, (step, late_reduce, _) in enumerate(lane):
         posted = _Step(step, late_reduce, transport, work, scratch, reduce, base)
         if not posted.advance(0.0):
@@ -157,7 +152,7 @@ def _run_lane(lane, transport, work, reduce, base, watch: _Watch) -> None:
 
 
 def _run_lanes(compiled, transport, work, reduce, base, watch: _Watch) -> None:
-    scratch = [np.empty_like(work, shape=_scratch_size(lane)) for lane in compiled]
+    scratch = [np.empty_like(work, shape=lane.scratch) for lane in compiled]
     position = [0] * len(compiled)
     posted: list = [None] * len(compiled)
     slice_ = 0.0
