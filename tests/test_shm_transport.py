@@ -85,6 +85,6 @@ def test_segments_are_owner_only():
 
 @pytest.mark.mpi
 def test_selector_prices_shared_memory_inside_and_mpi_between_nodes():
-    """The routed transport tells the selector which links it uses, so the model prices shm."""
-    out = run_mpi(4, "shm_link_names.py", env={"RINGCOMM_TIMEOUT": "60"}).stdout
-    assert sorted(re.findall(r"link_names (\{[^}]*\})", out)) == ["{'intra': 'shm', 'inter': 'mpi'}"] * 4, out
+    """The selector reads the routed transport's peers: shared memory inside, MPI between nodes."""
+    out = run_mpi(4, "shm_routes.py", env={"RINGCOMM_TIMEOUT": "60"}).stdout
+    assert re.findall(r"routes (\([^)]*\))", out) == ["('shm', 'mpi')"] * 4, out

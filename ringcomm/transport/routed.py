@@ -44,12 +44,6 @@ class RoutedTransport(Transport):
     def irecv_reduce(self, buf, peer, tag, reduce, scratch):
         return self._active[peer].irecv_reduce(buf, peer, tag, reduce, scratch)
 
-    @property
-    def link_names(self) -> dict:
-        """The transports inside this node and between nodes, by name: what the selector prices."""
-        inter = next((t.name for t in self.routes.values() if t is not self.node), "mpi")
-        return {"intra": self.node.name if self.node is not None else inter, "inter": inter}
-
     def probe(self, source, tag=None):
         if source is not None:
             return self._active[source].probe(source, tag)
