@@ -7,11 +7,13 @@ collective runs past it; that error comes back as CommError naming the collectiv
 """
 from __future__ import annotations
 
+import atexit
 import datetime
 
 import torch.distributed as dist
 
 from ..errors import CommError, CommTimeoutError
+from ..transport.mpi import wait_polling
 from . import c10d
 from .reference import ReferenceCommunicator
 
@@ -29,6 +31,24 @@ class GlooCommunicator(ReferenceCommunicator):
         options._devices = [dist.ProcessGroupGloo.create_device(hostname=host) if host == c10d.LOOPBACK
                             else dist.ProcessGroupGloo.create_default_device()]
         self._pg = dist.ProcessGroupGloo(self._store, self.rank, self.size, options)
+        atexit.register(self._release)
+
+    def _release(self, timeout: float = 10.0) -> None:
+        """Drop the process group and its store on every rank together, before interpreter exit.
+
+        Left to interpreter teardown, rank 0 could destroy the TCPStore server while a peer's gloo
+        threads still use it, and that peer aborted in C++ ("terminate called without an active
+        exception") after all its work was done. A bounded barrier keeps the ranks together, and
+        never hangs the exit of a job whose peers are already gone.
+        """
+        if self._pg is None:
+            return
+        try:
+            request = self.world.Ibarrier()
+            wait_polling(request.Test, timeout)
+        except Exception:
+            pass   # a failed peer: nothing left to wait for
+        self._pg = self._store = None
 
     def _collective(self, name, algorithm, work, buf, seq, *, op=None, root=0):
         t = c10d.as_tensor(work, buf)
