@@ -31,7 +31,7 @@ def _torch_dtype_names() -> dict:
             torch.float64: "float64", torch.int32: "int32", torch.int64: "int64", torch.uint8: "uint8"}
 
 
-@dataclass
+@dataclass(slots=True)
 class Buffer:
     obj: object          # what the user passed; collectives return it
     flat: np.ndarray     # flat view of obj's memory in its storage dtype
@@ -54,6 +54,8 @@ def is_torch(x) -> bool:
 
 
 def as_buffer(x, collective: str, argument: str) -> Buffer:
+    if type(x) is np.ndarray:   # the common case first: no torch lookup
+        return _numpy_buffer(x, collective, argument)
     if is_torch(x):
         return _torch_buffer(x, collective, argument)
     if isinstance(x, np.ndarray):
@@ -106,10 +108,11 @@ def _numpy_buffer(x: np.ndarray, collective: str, argument: str) -> Buffer:
     if dtype is None or x.dtype.byteorder == ">":
         raise bad_type(collective, argument, f"an array of dtype {_SUPPORTED.replace('bfloat16, ', '')}",
                        f"dtype {x.dtype}")
-    if not x.flags.c_contiguous:
+    flags = x.flags   # a new flags object per access: fetch it once
+    if not flags.c_contiguous:
         raise bad_value(collective, argument, "a C-contiguous array (use np.ascontiguousarray)",
                         f"a non-contiguous array with strides {x.strides}")
-    if not x.flags.writeable:
+    if not flags.writeable:
         raise bad_value(collective, argument, "a writable array", "a read-only array")
     return Buffer(x, x.reshape(-1), dtype, "numpy", "cpu")
 

@@ -17,7 +17,7 @@ Layout (29 bits, MPICH's tag bound here is 2**29 - 1):
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from functools import lru_cache
 from typing import Optional
 
 from .algorithms import COLLECTIVES
@@ -32,17 +32,35 @@ SEQ_MOD = 1024
 COUNT_MOD = 1024
 
 
-@dataclass(frozen=True)
+@lru_cache(maxsize=4096)
+def static_bits(collective: str, dtype: Optional[str], count: int) -> int:
+    """The tag bits that do not change from call to call of one shape (all but the sequence)."""
+    code = DTYPE_NAMES.index(dtype) if dtype else 7
+    return COLLECTIVES.index(collective) << 15 | code << 12 | (count % COUNT_MOD) << 2
+
+
 class Envelope:
-    seq: int
-    collective: str
-    dtype: Optional[str]   # None for barrier
-    count: int
+    """The fields one collective call stamps on its messages (immutable by convention; built
+    once per call, so it is a plain slotted class: a frozen dataclass costs twice as much)."""
+    __slots__ = ("seq", "collective", "dtype", "count")
+
+    def __init__(self, seq: int, collective: str, dtype: Optional[str], count: int):
+        self.seq, self.collective, self.dtype, self.count = seq, collective, dtype, count   # dtype None: barrier
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Envelope) and self.fields() == other.fields()
+
+    def __hash__(self) -> int:
+        return hash(self.fields())
+
+    def __repr__(self) -> str:
+        return f"Envelope(seq={self.seq}, collective={self.collective!r}, dtype={self.dtype!r}, count={self.count})"
+
+    def fields(self) -> tuple:
+        return self.seq, self.collective, self.dtype, self.count
 
     def base_tag(self) -> int:
-        dtype = DTYPE_NAMES.index(self.dtype) if self.dtype else 7
-        return ((self.seq % SEQ_MOD) << 18 | COLLECTIVES.index(self.collective) << 15
-                | dtype << 12 | (self.count % COUNT_MOD) << 2)
+        return (self.seq % SEQ_MOD) << 18 | static_bits(self.collective, self.dtype, self.count)
 
     def describe_mismatch(self, tag: int, peer: int) -> Optional[str]:
         """Why a message with ``tag`` from ``peer`` cannot belong to this collective, or None."""
@@ -67,10 +85,11 @@ class Envelope:
 
 class ControlEnvelope(Envelope):
     """Envelope of a control exchange: a fixed tag, so it matches whatever collective peers are in."""
+    __slots__ = ("tag",)
 
     def __init__(self, tag: int):
         super().__init__(0, "all_gather", "int64", 0)
-        object.__setattr__(self, "tag", tag)
+        self.tag = tag
 
     def base_tag(self) -> int:
         return self.tag

@@ -10,20 +10,18 @@ import collections
 import os
 import sys
 import time
-from dataclasses import dataclass
 from typing import Optional
 
 
-@dataclass
 class Entry:
-    seq: int
-    collective: str
-    count: int
-    dtype: str
-    state: str = "queued"
-    algorithm: Optional[str] = None
-    started: Optional[float] = None
-    ended: Optional[float] = None
+    """One collective as the recorder saw it (slotted: one is made per call)."""
+    __slots__ = ("seq", "collective", "count", "dtype", "state", "algorithm", "started", "ended")
+
+    def __init__(self, seq: int, collective: str, count: int, dtype: Optional[str]):
+        self.seq, self.collective, self.count, self.dtype = seq, collective, count, dtype
+        self.state, self.algorithm = "queued", None
+        self.started: Optional[float] = None
+        self.ended: Optional[float] = None
 
     def line(self, now: float) -> str:
         took = "" if self.started is None else f" {((self.ended or now) - self.started) * 1e3:.1f} ms"

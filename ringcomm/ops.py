@@ -30,6 +30,8 @@ class ReduceOp(enum.Enum):
     def __str__(self) -> str:  # error messages print "sum", not "ReduceOp.SUM"
         return self.value
 
+    __hash__ = object.__hash__   # members are singletons; Enum's own hash is Python code (per call)
+
 
 OP_NAMES = tuple(op.value for op in ReduceOp)
 
@@ -50,7 +52,7 @@ def parse_op(op, collective: str) -> ReduceOp:
     raise bad_value(collective, "op", f"one of {', '.join(OP_NAMES)} or a ringcomm.ReduceOp", op)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)   # one instance per dtype (DTYPES): identity is equality, and hashes fast
 class DType:
     name: str
     storage: np.dtype      # what the bytes are in memory, and what numpy views them as
@@ -103,6 +105,26 @@ Reducer = Callable[[np.ndarray, np.ndarray], None]
 
 def reducer(op: ReduceOp, dtype: DType) -> Reducer:
     """Return ``f(dst, src)`` computing ``dst = dst OP src`` in place, elementwise."""
+    found = _REDUCERS.get((op, dtype.name))
+    if found is None:
+        found = _REDUCERS[(op, dtype.name)] = _make_reducer(op, dtype)
+    return found
+
+
+def combiner(op: ReduceOp, dtype: DType) -> Callable[[np.ndarray, np.ndarray, np.ndarray], None]:
+    """Return ``f(out, a, b)`` computing ``out = a OP b`` elementwise with the same rounding as
+    ``reducer`` (one pass where a copy and an in-place reduction would take two)."""
+    found = _COMBINERS.get((op, dtype.name))
+    if found is None:
+        found = _COMBINERS[(op, dtype.name)] = _make_combiner(op, dtype)
+    return found
+
+
+_REDUCERS: dict = {}
+_COMBINERS: dict = {}
+
+
+def _make_reducer(op: ReduceOp, dtype: DType) -> Reducer:
     ufunc = _UFUNC[op]
     if dtype.name == "bfloat16":
         def reduce_bf16(dst: np.ndarray, src: np.ndarray) -> None:
@@ -114,6 +136,20 @@ def reducer(op: ReduceOp, dtype: DType) -> Reducer:
     def reduce_native(dst: np.ndarray, src: np.ndarray) -> None:
         ufunc(dst, src, out=dst)
     return reduce_native
+
+
+def _make_combiner(op: ReduceOp, dtype: DType):
+    ufunc = _UFUNC[op]
+    if dtype.name == "bfloat16":
+        def combine_bf16(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+            wide = bf16_to_f32(a)
+            ufunc(wide, bf16_to_f32(b), out=wide)
+            f32_to_bf16(wide, out)
+        return combine_bf16
+
+    def combine_native(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+        ufunc(a, b, out=out)
+    return combine_native
 
 
 def divide_by_size(buf: np.ndarray, dtype: DType, size: int) -> None:
