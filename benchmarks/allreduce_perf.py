@@ -209,8 +209,9 @@ class Config:
     backend: str
     algorithm: str          # "auto", a forced ringcomm algorithm, or "native" for other backends
     call_for: Callable      # collective -> call(case)
-    chooser: Optional[Callable] = None   # (collective, nbytes) -> the algorithm auto picks
+    chooser: Optional[Callable] = None   # () -> the algorithm the last call ran (auto rows)
     arena: Optional[np.ndarray] = None   # the buffers live here (transport memory), not np.empty
+    comm: object = None                  # the ringcomm communicator, for ringcomm rows
 
     @property
     def label(self) -> str:
@@ -235,7 +236,7 @@ def build_configs(args, world) -> tuple[list[Config], list[str]]:
         for algorithm in args.algorithms:
             forced = None if algorithm == "auto" else algorithm
             configs.append(Config(backend, algorithm, lambda c, m=comm, a=forced: ringcomm_call(m, c, a),
-                                  (lambda c, b, m=comm: m.selector.choose(c, b, m.size)) if forced is None else None))
+                                  (lambda m=comm: last_algorithm(m)) if forced is None else None, comm=comm))
         if args.transport_buffers:
             allocate = getattr(comm.transport, "allocate", None)
             if allocate is None:
@@ -245,8 +246,14 @@ def build_configs(args, world) -> tuple[list[Config], list[str]]:
             # Room for the largest case (all_gather: x + out) in one allocation, made on every rank.
             arena = allocate(2 * args.maxbytes + 256)
             configs.append(Config(backend + "+tbuf", "auto", lambda c, m=comm: ringcomm_call(m, c, None),
-                                  lambda c, b, m=comm: m.selector.choose(c, b, m.size), arena))
+                                  lambda m=comm: last_algorithm(m), arena, comm=comm))
     return configs, notes
+
+
+def last_algorithm(comm) -> str:
+    """What the communicator's latest call ran (its flight recorder says)."""
+    entries = comm.recorder.entries
+    return (entries[-1].algorithm or "") if entries else ""
 
 
 def algorithm_usable(config: Config, collective: str) -> Optional[str]:
@@ -254,10 +261,12 @@ def algorithm_usable(config: Config, collective: str) -> Optional[str]:
     if config.backend == "mpi4py" or config.algorithm in ("auto", "native"):
         return None
     from ringcomm import algorithms
-    have = algorithms.names(collective)
-    if config.algorithm in have:
+    if config.algorithm in algorithms.names(collective, config.comm.transport):
         return None
-    return f"{collective} has no algorithm {config.algorithm!r} (it has: {', '.join(have)})"
+    if config.algorithm in algorithms.names(collective):
+        return (f"{collective} algorithm {config.algorithm!r} needs ranks that share memory; the "
+                f"{config.comm.transport.name} transport of this job offers no window")
+    return f"{collective} has no algorithm {config.algorithm!r} (it has: {', '.join(algorithms.names(collective))})"
 
 
 # ---- timing ------------------------------------------------------------------------------
@@ -324,11 +333,14 @@ def measure_size(world, collective, nbytes, dtype, configs, args, rank, n) -> li
         if case.out is not None:
             case.out[...] = 0
     samples: dict[str, list[float]] = {cfg.label: [] for cfg, *_ in calls}
+    ran: dict[str, str] = {}
     floors, copies = [], []
     iters = iterations(args, size)
     for _ in range(args.rounds):
         for cfg, call, case in calls:
             samples[cfg.label].append(time_calls(world, lambda: call(case), args.warmup, iters))
+            if cfg.chooser:
+                ran[cfg.label] = cfg.chooser()
         add, copy = floor_times(world, count, dtype, args.warmup, iters)
         floors.append(add)
         copies.append(copy)
@@ -340,7 +352,7 @@ def measure_size(world, collective, nbytes, dtype, configs, args, rank, n) -> li
                 float("nan"), 0, copy / floor, [c * 1e6 for c in copies])]
     for cfg, *_ in calls:
         t = statistics.median(samples[cfg.label])
-        chosen = cfg.chooser(collective, size) if cfg.chooser else ""
+        chosen = ran.get(cfg.label, "")
         rows.append(Row(collective, size, count, dtype, n, cfg.backend, cfg.algorithm, chosen, t * 1e6,
                         size / t / 1e9, size / t / 1e9 * factor, wrong[cfg.label], t / floor,
                         [s * 1e6 for s in samples[cfg.label]]))

@@ -18,7 +18,7 @@ def main() -> None:
     comm = ringcomm.init()
     count = int(args.mib * (1 << 20) // 4)
     rows = []
-    for algorithm in ringcomm.algorithms.names("all_reduce"):
+    for algorithm in ringcomm.algorithms.names("all_reduce", comm.transport):
         x = np.full(count, comm.rank + 1, dtype=np.float32)
         comm.all_reduce(x, algorithm=algorithm)   # warm-up, and the correctness check
         expected = comm.size * (comm.size + 1) / 2

@@ -13,37 +13,37 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
 from typing import Callable, Optional
 
 import numpy as np
 
 from . import algorithms, executor, preflight
 from .buffers import Buffer, address, as_buffer, check_pair
-from .envelope import ABORT_TAG, Envelope
-from .errors import CommError, CommTimeoutError, PeerAbortedError, bad_type, bad_value
+from .envelope import ABORT_TAG, SEQ_MOD, Envelope, static_bits
+from .errors import CommError, CommTimeoutError, PeerAbortedError, UsageError, bad_type, bad_value
 from .flight_recorder import FlightRecorder
-from .ops import ReduceOp, divide_by_size, parse_op, reducer
+from .ops import ReduceOp, combiner, divide_by_size, parse_op, reducer
 from .schedule import DEFAULT_SEGMENT_BYTES, chunk
 from .selector import Selector
 from .transport.base import Transport
 from .work import Work
 
 DEFAULT_TIMEOUT = 300.0
+PLAN_MEMO = 1024   # distinct call shapes remembered; a training loop repeats a handful
 _log = logging.getLogger("ringcomm.selector")
 
 
-@dataclass(frozen=True)
 class Call:
-    """What a collective was asked to do: enough to fingerprint it and to record it."""
-    name: str
-    buf: Optional[Buffer] = None
-    op: Optional[ReduceOp] = None
-    root: int = 0
+    """What a collective was asked to do: enough to fingerprint it and to record it.
+    (Slotted, not a dataclass: one is built per call, and that cost is on every call's path.)"""
+    __slots__ = ("name", "buf", "op", "root")
+
+    def __init__(self, name: str, buf: Optional[Buffer] = None, op: Optional[ReduceOp] = None, root: int = 0):
+        self.name, self.buf, self.op, self.root = name, buf, op, root
 
     @property
     def count(self) -> int:
-        return 0 if self.buf is None else self.buf.numel
+        return 0 if self.buf is None else self.buf.flat.size
 
     @property
     def dtype(self) -> Optional[str]:
@@ -76,15 +76,23 @@ class Communicator:
         self._notices: list = []           # abort notices in flight; kept so they are not freed early
         self.recorder = FlightRecorder(self.rank)
         self._entry = None                 # flight-recorder entry of the running collective
+        self._plans: dict = {}            # call shape -> what _plan worked out for it
+        self._plans_for = self.selector
         self.debug = os.environ.get("RINGCOMM_DEBUG", "").lower()
         self.check_finite = os.environ.get("RINGCOMM_CHECK_FINITE", "") not in ("", "0")
+        self._preflight_on = self.debug == "detail" or self.check_finite
+        for collective, forced in self.selector.forced.items():
+            if algorithms.needs_window(collective, forced) and transport.window is None:
+                raise UsageError(f"RINGCOMM_ALGO forces {collective}={forced}, which needs ranks that "
+                                 f"share memory (a transport with a shared window: shm on one node, "
+                                 f"or threads); this job's {transport.name} transport has none")
 
     # ---- public collectives -------------------------------------------------------------
     def all_reduce(self, x, op="sum", *, algorithm=None, async_op=False):
         name = "all_reduce"
         buf = as_buffer(x, name, "x")
         op = self._check_op(name, op, buf)
-        algorithm = self._check_algorithm(name, algorithm)
+        algorithm = self._check_algorithm(name, algorithm, buf)
 
         def job(seq):
             self._collective(name, algorithm, buf.flat, buf, seq, op=op)
@@ -193,13 +201,22 @@ class Communicator:
             raise bad_value(name, "root", f"a rank in [0, {self.size - 1}]", int(root))
         return int(root)
 
-    def _check_algorithm(self, name: str, algorithm) -> Optional[str]:
+    def _check_algorithm(self, name: str, algorithm, buf: Optional[Buffer] = None) -> Optional[str]:
         if algorithm is None:
             return None
         if not isinstance(algorithm, str):
             raise bad_type(name, "algorithm", "a str or None", type(algorithm).__name__)
         algorithms.get(name, algorithm)
+        if algorithms.needs_window(name, algorithm) and self._window_for(buf) is None:
+            raise bad_value(name, "algorithm", f"an algorithm other than {algorithm} (it needs ranks that "
+                            f"share host memory; this {self.transport.name} transport offers no window for "
+                            f"{'this array' if buf is not None and buf.device != 'cpu' else 'this job'})",
+                            algorithm)
         return algorithm
+
+    def _window_for(self, buf: Optional[Buffer]):
+        """The transport's shared window, if this buffer may use it (host memory only)."""
+        return self.transport.window if buf is None or buf.device == "cpu" else None
 
     # ---- execution ----------------------------------------------------------------------------
     def _collective(self, name: str, algorithm: Optional[str], work: np.ndarray, buf: Optional[Buffer],
@@ -213,30 +230,63 @@ class Communicator:
         barrier, W is empty. For ``op`` AVG, reduce as a sum: the callers divide afterwards.
         Reference backends (MPI, gloo, NCCL) override this method and nothing else.
         """
-        itemsize = work.itemsize if buf is None else buf.dtype.itemsize
-        dtype = buf.dtype.name if buf is not None else None
-        nodes = None if self.topology is None else self.topology.node_of
-        forced = algorithm
-        algorithm = algorithm or self.selector.choose(name, work.size * itemsize, self.size, dtype=dtype or "uint8",
-                                                      nodes=nodes, transport=self.transport)
+        dtype = None if buf is None else buf.dtype
+        key = (name, algorithm, work.size, dtype, op, root, buf is None or buf.device == "cpu")
+        if self._plans_for is not self.selector:   # a new selector (tuning, forcing) decides afresh
+            self._plans.clear()
+            self._plans_for = self.selector
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) >= PLAN_MEMO:
+                self._plans.clear()
+            plan = self._plans[key] = self._plan(key, work.itemsize if buf is None else dtype.itemsize)
+        chosen, how, one_shot, program, reduce, combine, static = plan
         if _log.isEnabledFor(logging.INFO):   # RINGCOMM_DEBUG=info: why this algorithm ran
-            how = "algorithm= argument" if forced else \
-                "RINGCOMM_ALGO" if name in self.selector.forced else "cost model"
-            _log.info("rank %d %s #%d: %s, %d x %s (%s)", self.rank, name, seq, algorithm, work.size,
-                      dtype or "bytes", how)
-        seg = max(1, DEFAULT_SEGMENT_BYTES // itemsize)
-        program = algorithms.plan(name, algorithm, self.rank, self.size, work.size, root, seg, nodes)
+            _log.info("rank %d %s #%d: %s, %d x %s (%s)", self.rank, name, seq, chosen, work.size,
+                      dtype.name if dtype else "bytes", how)
+        self._entry.algorithm = chosen
+        dname = None if dtype is None else dtype.name
+        if one_shot is not None:
+            if program:   # more than one rank and something to reduce
+                started = time.monotonic()
+                # The stamp is the envelope's tag plus the exact count: ranks whose counts differ
+                # by a multiple of 1024 must not read past what a peer wrote.
+                one_shot.run(self.transport.window, work, reduce, combine,
+                             work.size << 32 | (seq % SEQ_MOD) << 18 | static,
+                             lambda: executor.WindowGuard(
+                                 self.transport, Envelope(seq, name, dname, work.size), self.timeout,
+                                 f"{name} #{seq} ({chosen}, {work.size} x {dname})", started, work.size))
+            return
         if not program:
             return
-        what = f"{name} #{seq} ({algorithm}, {work.size} x {dtype or 'bytes'})"
-        self._entry.algorithm = algorithm
-        reduce = None if op is None else reducer(op, buf.dtype)
-        envelope = Envelope(seq, name, dtype, work.size)
+        what = f"{name} #{seq} ({chosen}, {work.size} x {dname or 'bytes'})"
+        envelope = Envelope(seq, name, dname, work.size)
         if type(self.transport).stage is Transport.stage:   # nothing to stage: skip the ~1 us context
             executor.run(program, self.transport, work, reduce, envelope=envelope, timeout=self.timeout, what=what)
             return
         with self.transport.stage(work) as staged:
             executor.run(program, self.transport, staged, reduce, envelope=envelope, timeout=self.timeout, what=what)
+
+    def _plan(self, key: tuple, itemsize: int) -> tuple:
+        """Everything about a call that its shape decides, worked out once per shape:
+        (algorithm, why, one-shot algorithm or None, program, reduce kernel, combine kernel, static).
+        For a one-shot algorithm ``program`` is just whether there is anything to do; ``static``
+        is the envelope's tag bits but the sequence number (what one-shot rounds stamp)."""
+        name, forced, count, dtype, op, root, host = key
+        nodes = None if self.topology is None else self.topology.node_of
+        chosen = forced or self.selector.choose(name, count * itemsize, self.size,
+                                                dtype=dtype.name if dtype else "uint8", nodes=nodes,
+                                                transport=self.transport, window=host)
+        how = "algorithm= argument" if forced else \
+            "RINGCOMM_ALGO" if name in self.selector.forced else "cost model"
+        reduce = None if op is None else reducer(op, dtype)
+        combine = None if op is None else combiner(op, dtype)
+        static = static_bits(name, dtype.name if dtype else None, count)
+        if algorithms.needs_window(name, chosen):
+            return chosen, how, algorithms.get(name, chosen), self.size > 1 and count > 0, reduce, combine, static
+        seg = max(1, DEFAULT_SEGMENT_BYTES // itemsize)
+        program = algorithms.plan(name, chosen, self.rank, self.size, count, root, seg, nodes)
+        return chosen, how, None, program, reduce, combine, static
 
     def _submit(self, call: "Call", job: Callable, async_op: bool):
         with self._state:
@@ -245,7 +295,9 @@ class Communicator:
                                 f"failure: {self._broken}") from self._broken
             seq = self._seq
             self._seq += 1
-            entry = self.recorder.record(seq, call.name, call.count, call.dtype)
+            buf = call.buf
+            entry = self.recorder.record(seq, call.name, 0 if buf is None else buf.flat.size,
+                                         None if buf is None else buf.dtype.name)
             inline = not async_op and self._outstanding == 0
             self._outstanding += 1
             if not inline:
@@ -267,7 +319,7 @@ class Communicator:
         self._entry = entry
         entry.state, entry.started = "running", time.monotonic()
         try:
-            if self.debug == "detail" or self.check_finite:
+            if self._preflight_on:
                 self._preflight(seq, call)
             result = job(seq)
         except CommError as err:

@@ -10,11 +10,15 @@ the job (ranks on each node). Flat algorithms (ring, tree, ...) take it as if it
 their steps are synchronous across ranks, so every step runs at the pace of its slowest link,
 which is the inter-node one as soon as there are two nodes. Topology-aware algorithms
 (hierarchical) read ``intra``, ``inter`` and ``local_sizes`` and price each phase on its own link.
+Where every rank shares memory with every other, the transport may also offer a window (a
+mailbox per rank that all read in place); ``window`` prices one round of it for the one-shot
+algorithm, which is impossible (infinitely expensive) without one.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Optional
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,8 @@ class Network:
     inter: Link
     local_sizes: tuple   # ranks on each node, e.g. (8, 8) for 2 nodes of 8
     nics: int = 0        # network cards per node that ranks share; 0: each rank has its own path
+    window: Optional[Link] = None   # a shared window among all ranks (one node), if the transport has one
+    window_bytes: int = 0           # its capacity per rank and round
 
     @property
     def size(self) -> int:

@@ -87,10 +87,11 @@ class _Step:
 class _Watch:
     """Deadline and diagnosis for one collective's waits."""
 
-    def __init__(self, transport: Transport, envelope: Envelope, timeout: Optional[float], what: str):
+    def __init__(self, transport: Transport, envelope: Envelope, timeout: Optional[float], what: str,
+                 started: Optional[float] = None):
         self.transport, self.envelope, self.timeout, self.what = transport, envelope, timeout, what
         now = time.monotonic()
-        self.deadline = None if timeout is None else now + timeout
+        self.deadline = None if timeout is None else (started or now) + timeout
         self.next_probe = now + DIAGNOSE_EVERY
 
     def left(self) -> Optional[float]:
@@ -120,6 +121,14 @@ class _Watch:
         first = transport.probe(peer)
         if first is not None:
             reason = self.envelope.describe_mismatch(first[1], peer)
+            if reason:
+                raise MismatchError(f"{self.what} on rank {transport.rank}: {reason}")
+        # A peer in a one-shot collective sends nothing to probe, but its window slot says
+        # which collective it is in.
+        window = transport.window
+        stamp = None if window is None else window.ahead(peer)
+        if stamp is not None:
+            reason = self.envelope.describe_mismatch(stamp & 0xFFFFFFFF, peer)
             if reason:
                 raise MismatchError(f"{self.what} on rank {transport.rank}: {reason}")
 
@@ -174,3 +183,25 @@ def _run_lanes(compiled, transport, work, reduce, base, watch: _Watch) -> None:
         if all(position[i] == len(lane) for i, lane in enumerate(compiled)):
             return
         slice_ = 0.0 if moved else min(POLL_SLICE, 2 * slice_ or 10e-6)   # back off while nothing moves
+
+
+class WindowGuard:
+    """What a one-shot round needs when it goes wrong, built only then (the fast path never pays
+    for it), under the same deadline and diagnosis as a program: a stalled round probes the
+    transport for abort notices and for messages of the peer it waits on; a peer whose slot
+    carries another collective's stamp is a mismatch. The deadline counts from ``started``."""
+
+    def __init__(self, transport: Transport, envelope: Envelope, timeout: Optional[float], what: str,
+                 started: float, count: int):
+        self.watch = _Watch(transport, envelope, timeout, what, started)
+        self.envelope, self.what, self.rank, self.count = envelope, what, transport.rank, count
+
+    def stalled(self, peer: int, piece: int, pieces: int) -> None:
+        self.watch.stalled(Recv(peer, 0, self.count), piece, pieces)
+
+    def mismatch(self, peer: int, stamp: int) -> None:
+        """``stamp`` is the peer's envelope tag in the low 32 bits and its exact count above."""
+        reason = self.envelope.describe_mismatch(stamp & 0xFFFFFFFF, peer)
+        if reason is None and stamp >> 32 != self.count:
+            reason = f"rank {peer} differs in count: expected {self.count}, received {stamp >> 32}"
+        raise MismatchError(f"{self.what} on rank {self.rank}: {reason or f'rank {peer} posted stamp {stamp:#x}'}")

@@ -14,6 +14,7 @@ import sys
 from . import algorithms
 from .errors import UsageError
 from .selector import Selector, describe
+from .transport.window import CAPACITY
 from .tuning import parse_size
 
 
@@ -32,6 +33,9 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--intra", default="mpi", help="transport inside a node: mpi, shm, threads (default mpi)")
     parser.add_argument("--inter", default="mpi", help="transport between nodes (default mpi)")
+    parser.add_argument("--window", default=None,
+                        help="shared-window bytes per rank (default: ringcomm's window when --intra is "
+                             "shm or threads and all ranks share a node, else 0: none)")
     args = parser.parse_args(argv)
     try:
         nbytes = parse_size(args.size)
@@ -40,9 +44,14 @@ def main(argv=None) -> int:
         per_node = args.ranks_per_node or args.ranks
         if per_node < 1:
             raise UsageError(f"--ranks-per-node must be >= 1, got {per_node}")
+        if args.window is not None:
+            window = parse_size(args.window)
+        else:
+            window = CAPACITY if args.intra in ("shm", "threads") and per_node >= args.ranks else 0
         selector = Selector.from_env()
         choice = selector.explain(args.collective, nbytes, args.ranks, dtype=args.dtype,
-                                  nodes=node_map(args.ranks, per_node), routes=(args.intra, args.inter))
+                                  nodes=node_map(args.ranks, per_node), routes=(args.intra, args.inter),
+                                  window_bytes=window)
     except UsageError as err:
         print(f"ringcomm.explain: {err}", file=sys.stderr)
         return 2

@@ -166,20 +166,25 @@ class Selector:
         configure_debug_logging()
         return cls(forced=parse_forced(os.environ.get("RINGCOMM_ALGO")), tuning=load_tuning())
 
-    def network(self, size: int, nodes=None, dtype: str = "float32", routes=("mpi", "mpi")) -> Network:
-        key = (size, nodes, dtype, routes)
+    def network(self, size: int, nodes=None, dtype: str = "float32", routes=("mpi", "mpi"),
+                window_bytes: int = 0) -> Network:
+        """The links of a job; ``window_bytes`` > 0 when its transport offers a shared window
+        (priced by the tuning's "<intra>-window" link)."""
+        key = (size, nodes, dtype, routes, window_bytes)
         net = self._networks.get(key)
         if net is None:
             if self.link is not None:
                 intra = inter = self.link
             else:
                 intra, inter = (self.tuning.link(r, dtype) for r in routes)
-            net = self._networks[key] = Network(intra, inter, local_sizes(nodes, size))
+            window = self.tuning.link(f"{routes[0]}-window", dtype) if window_bytes else None
+            net = self._networks[key] = Network(intra, inter, local_sizes(nodes, size),
+                                                window=window, window_bytes=window_bytes)
         return net
 
     def explain(self, collective: str, nbytes: int, size: int, *, dtype: str = "float32", nodes=None,
-                routes=("mpi", "mpi")) -> Choice:
-        net = self.network(size, nodes, dtype, routes)
+                routes=("mpi", "mpi"), window_bytes: int = 0) -> Choice:
+        net = self.network(size, nodes, dtype, routes, window_bytes)
         predicted = dict(predict(collective, nbytes, net))
         measured = self.tuning.measured_times(collective, nbytes, net.local_sizes, routes, dtype)
         choice = Choice(collective, nbytes, size, "", predicted, "", measured, net)
@@ -189,31 +194,43 @@ class Selector:
             choice.algorithm, choice.reason = decide(predicted, measured)
         return choice
 
-    def _routes_for(self, transport, nodes) -> tuple:
-        """routes_of, remembered per (transport, node map): it walks every peer once."""
+    def explain_call(self, collective: str, nbytes: int, size: int, *, dtype: str = "float32",
+                     nodes=None, transport=None) -> Choice:
+        """``explain`` for a call on a live transport (its routes and window)."""
+        routes, window_bytes = self._shape_of(transport, nodes)
+        return self.explain(collective, nbytes, size, dtype=dtype, nodes=nodes, routes=routes,
+                            window_bytes=window_bytes)
+
+    def _shape_of(self, transport, nodes) -> tuple:
+        """(routes, window bytes) of a transport: routes_of and its window, remembered per
+        (transport, node map) since routes_of walks every peer."""
         if transport is None:
-            return ("mpi", "mpi")
+            return ("mpi", "mpi"), 0
         cached = self._routes.get(id(transport))
         if cached is None or cached[0] is not transport or cached[1] != nodes \
                 or cached[3] != getattr(transport, "link_names", None):
+            window = getattr(transport, "window", None)
             cached = self._routes[id(transport)] = (transport, nodes, routes_of(transport, nodes),
-                                                    getattr(transport, "link_names", None))
-        return cached[2]
+                                                    getattr(transport, "link_names", None),
+                                                    0 if window is None else window.capacity)
+        return cached[2], cached[4]
 
     def choose(self, collective: str, nbytes: int, size: int, *, dtype: str = "float32", nodes=None,
-               transport=None) -> str:
+               transport=None, window: bool = True) -> str:
         """The algorithm for one call; memoised per distinct call shape (a training loop repeats
-        a handful of them), so this costs a dict lookup after the first call."""
+        a handful of them), so this costs a dict lookup after the first call. ``window=False``:
+        the buffer cannot use the transport's window (device memory)."""
         forced = self.forced.get(collective)
         if forced is not None:
             return forced
-        routes = self._routes_for(transport, nodes)
-        key = (collective, nbytes, size, dtype, nodes, routes)
+        routes, window_bytes = self._shape_of(transport, nodes)
+        window_bytes = window_bytes if window else 0
+        key = (collective, nbytes, size, dtype, nodes, routes, window_bytes)
         name = self._memo.get(key)
         if name is None:
             if len(self._memo) >= MEMO_LIMIT:
                 self._memo.clear()
-            net = self.network(size, nodes, dtype, routes)
+            net = self.network(size, nodes, dtype, routes, window_bytes)
             measured = self.tuning.measured_times(collective, nbytes, net.local_sizes, routes, dtype)
             name = self._memo[key] = decide(dict(predict(collective, nbytes, net)), measured)[0]
         return name

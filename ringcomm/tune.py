@@ -21,9 +21,9 @@ import socket
 import statistics
 import time
 from pathlib import Path
+from typing import Optional
 
 from .errors import UsageError
-
 from .tuning import (DEFAULT_LINKS, Sweep, Tuning, default_path, load_tuning, parse_size,
                      save_tuning)
 
@@ -58,6 +58,8 @@ def fit_alpha(sizes, seconds: dict, link, local_sizes: tuple) -> tuple:
         return algorithms.get("all_reduce", name).cost(nbytes, sum(local_sizes), Network(unit, unit, local_sizes))
     rows, rhs = [], []
     for name, times in seconds.items():
+        if algorithms.needs_window("all_reduce", name):
+            continue   # priced on the window link (fit_window), not this one
         for nbytes, t in zip(sizes, times):
             fixed = cost(name, nbytes, Link(0.0, link.beta, link.gamma))
             steps = cost(name, nbytes, Link(1.0, 0.0, 0.0))
@@ -74,6 +76,15 @@ def fit_alpha(sizes, seconds: dict, link, local_sizes: tuple) -> tuple:
     if not alpha > 0:
         return None
     return float(alpha), float(max(overhead, 0.0))
+
+
+def fit_window(sizes, times, gamma: float, n: int, capacity: int) -> Optional[tuple]:
+    """(alpha, beta) of the shared window from the one-shot sweep: within one piece (S <= the
+    window's capacity) a round costs alpha + n S beta + (n-1) S gamma, so with gamma known
+    this is fit_link on (n S, t - (n-1) S gamma). None with fewer than 3 usable sizes."""
+    points = [(n * s, t - (n - 1) * s * gamma) for s, t in zip(sizes, times) if s <= capacity]
+    points = [(s, t) for s, t in points if t > 0]
+    return fit_link(points) if len(points) >= 3 else None
 
 
 def measure_link(comm, a: int, b: int, sizes, budget: float):
@@ -146,7 +157,7 @@ def candidates(comm) -> list:
     from .cost import DEFAULT_LINK, Network
     from .selector import local_sizes
     shape = Network(DEFAULT_LINK, DEFAULT_LINK, local_sizes(comm.topology.node_of, comm.size))
-    return [n for n in algorithms.names("all_reduce")
+    return [n for n in algorithms.names("all_reduce", comm.transport)
             if not (getattr(algorithms.get("all_reduce", n), "topology_aware", False) and degenerate(shape))]
 
 
@@ -293,6 +304,14 @@ def main(argv=None) -> int:
                 links[intra_route] = (fitted[0], alpha_b[1])
                 print(f"{intra_route}: ping-pong alpha {alpha_b[0] * 1e6:.2f} us; alpha as the collectives feel it "
                       f"{fitted[0] * 1e6:.2f} us, plus {fitted[1] * 1e6:.1f} us per call")
+        window = comm.transport.window
+        if window is not None and "one_shot" in seconds:
+            fitted = fit_window(sizes, seconds["one_shot"], Tuning(links, gammas).link(intra_route).gamma,
+                                comm.size, window.capacity)
+            if fitted is not None:
+                links[f"{intra_route}-window"] = fitted
+                print(f"{intra_route}-window alpha {fitted[0] * 1e6:.2f} us   beta {1 / fitted[1] / 1e9:.2f} GB/s "
+                      f"(from the one-shot sweep)")
         path = Path(args.out).expanduser() if args.out else default_path()
         # Keep the sweeps of other job shapes (tune at -n 2, then at -n 4, into one file).
         kept = ()
@@ -310,7 +329,8 @@ def main(argv=None) -> int:
             print(f"{route:8s} alpha {a * 1e6:8.2f} us   beta {1 / b / 1e9:6.2f} GB/s")
         print("gamma    " + "  ".join(f"{k} {1 / v / 1e9:.2f} GB/s" for k, v in gammas.items()))
         model = Selector(tuning=Tuning(links, gammas))
-        net = model.network(comm.size, topo.node_of, "float32", (intra_route, inter_route))
+        net = model.network(comm.size, topo.node_of, "float32", (intra_route, inter_route),
+                            0 if comm.transport.window is None else comm.transport.window.capacity)
         predicted = {name: [dict(predict("all_reduce", s, net))[name] for s in sizes] for name in seconds}
         print(f"{'bytes':>10}  {'measured best':<20}{'model best':<20}" + "".join(f"{n[:12]:>13}" for n in seconds))
         for i, s in enumerate(sizes):

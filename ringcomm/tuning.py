@@ -25,6 +25,10 @@ DEFAULT_LINKS = {
     "mpi": (DEFAULT_LINK.alpha, DEFAULT_LINK.beta),
     "shm": (8e-6, 1 / 6.0e9),        # one copy through shared memory, no MPI matching
     "threads": (20e-6, 1 / 4.0e9),   # in-process mailbox: a copy and a condition variable
+    # Shared windows (one-shot rounds): alpha is one flag store and a poll of the peers' flags,
+    # no descriptors, no executor; beta a plain copy in and out of the mapped slots.
+    "shm-window": (2e-6, 1 / 8.0e9),
+    "threads-window": (20e-6, 1 / 4.0e9),
 }
 DEFAULT_GAMMAS = {
     "float32": DEFAULT_LINK.gamma, "float64": DEFAULT_LINK.gamma, "int32": DEFAULT_LINK.gamma,

@@ -13,7 +13,7 @@ def programs(collective, name, size, per_rank, root=0, seg=3):
     return [algorithms.get(collective, name).program(r, size, count, root, seg) for r in range(size)]
 
 
-ALL = [(c, n) for c in algorithms.COLLECTIVES for n in algorithms.names(c)]
+ALL = [(c, n) for c in algorithms.COLLECTIVES for n in algorithms.names(c) if not algorithms.needs_window(c, n)]
 
 
 @pytest.mark.parametrize("collective,name", ALL)
@@ -49,6 +49,21 @@ def test_ring_moves_the_bandwidth_optimal_volume(size):
 
 @pytest.mark.parametrize("name", algorithms.names("all_reduce"))
 def test_every_all_reduce_algorithm_has_a_cost_that_grows_with_size(name):
-    from ringcomm.cost import DEFAULT_LINK
+    from ringcomm.cost import DEFAULT_LINK, Network
     algo = algorithms.get("all_reduce", name)
-    assert algo.cost(1 << 20, 8, DEFAULT_LINK) > algo.cost(1 << 10, 8, DEFAULT_LINK) > 0
+    link = Network(DEFAULT_LINK, DEFAULT_LINK, (8,), window=DEFAULT_LINK, window_bytes=64 << 10) \
+        if algorithms.needs_window("all_reduce", name) else DEFAULT_LINK
+    assert algo.cost(1 << 20, 8, link) > algo.cost(1 << 10, 8, link) > 0
+
+
+def test_one_shot_is_priced_only_where_ranks_share_a_window():
+    import math
+
+    from ringcomm.cost import DEFAULT_LINK, Network
+    one_shot = algorithms.get("all_reduce", "one_shot")
+    window = Network(DEFAULT_LINK, DEFAULT_LINK, (4,), window=DEFAULT_LINK, window_bytes=1024)
+    assert math.isinf(one_shot.cost(1024, 4, Network(DEFAULT_LINK, DEFAULT_LINK, (4,))))
+    assert math.isinf(one_shot.cost(1024, 4, Network(DEFAULT_LINK, DEFAULT_LINK, (2, 2), window=DEFAULT_LINK,
+                                                     window_bytes=1024)))
+    # One round per window's worth: 4 KiB through a 1 KiB window pays four latencies.
+    assert one_shot.cost(4096, 4, window) - 4 * one_shot.cost(1024, 4, window) == pytest.approx(0, abs=1e-12)

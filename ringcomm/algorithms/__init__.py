@@ -10,6 +10,7 @@ from .binomial_reduce import BinomialReduce
 from .dissemination_barrier import DisseminationBarrier
 from .hierarchical import HierarchicalAllReduce
 from .hierarchical_tree import HierarchicalTreeAllReduce
+from .one_shot import OneShot
 from .pipeline_broadcast import PipelineBroadcast
 from .rabenseifner import Rabenseifner
 from .recursive_doubling import RecursiveDoubling
@@ -30,15 +31,23 @@ def register(algorithm: Algorithm) -> Algorithm:
 
 for _cls in (RingAllReduce, TreeAllReduce, RecursiveDoubling, Rabenseifner, BinomialBroadcast,
              PipelineBroadcast, BinomialReduce, RingAllGather, RingReduceScatter, DisseminationBarrier,
-             HierarchicalAllReduce, HierarchicalTreeAllReduce):
+             HierarchicalAllReduce, HierarchicalTreeAllReduce, OneShot):
     register(_cls())
 
 
-def names(collective: str) -> list[str]:
-    """The names ``algorithm=`` accepts for ``collective``."""
+def needs_window(collective: str, name: str) -> bool:
+    """True for algorithms that run on a shared window (transport.window), not a program."""
+    return getattr(_REGISTRY[collective].get(name), "needs_window", False)
+
+
+def names(collective: str, transport=None) -> list[str]:
+    """The names ``algorithm=`` accepts for ``collective``; with ``transport`` (e.g.
+    ``comm.transport``), only those that can run on it (one-shot ones need its window)."""
     if collective not in _REGISTRY:
         raise bad_value("algorithms.names", "collective", f"one of {', '.join(COLLECTIVES)}", collective)
-    return list(_REGISTRY[collective])
+    return [name for name, algorithm in _REGISTRY[collective].items()
+            if transport is None or not getattr(algorithm, "needs_window", False)
+            or getattr(transport, "window", None) is not None]
 
 
 def get(collective: str, name: str) -> Algorithm:
@@ -65,4 +74,4 @@ def plan(collective: str, name: str, rank: int, size: int, count: int, root: int
     return compile_program(program(collective, name, rank, size, count, root, seg, nodes))
 
 
-__all__ = ["Algorithm", "COLLECTIVES", "names", "get", "plan", "program", "register"]
+__all__ = ["Algorithm", "COLLECTIVES", "names", "needs_window", "get", "plan", "program", "register"]

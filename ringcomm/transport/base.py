@@ -8,6 +8,9 @@ Two optional hooks let a transport go faster without algorithms knowing:
 - ``irecv_reduce`` receives and reduces in one go; a shared-memory transport reduces straight
   out of the sender's memory instead of copying into scratch first.
 - ``stage`` may move the work buffer into memory peers can read (and back) around a collective.
+
+And one optional capability: ``window`` (transport/window.py), a mailbox per rank that every rank
+reads in place, offered only where all ranks of the job share memory; one-shot algorithms need it.
 """
 from __future__ import annotations
 
@@ -63,6 +66,7 @@ class Transport(ABC):
     name = "abstract"
     rank: int
     size: int
+    window = None   # a Window over every rank of the job, where they all share memory
 
     @abstractmethod
     def isend(self, buf: np.ndarray, peer: int, tag: int) -> Request:

@@ -64,6 +64,7 @@ class CudaIpcTransport(ShmTransport):
         self._opened: dict = {}     # (node rank, seg_id) -> device pointer opened from a handle
         super().__init__(node_comm, ranks, world_rank=world_rank, world_size=world_size,
                          setup_timeout=setup_timeout)
+        self.window = None   # the window is host memory; device arrays never use it
 
     # ---- device segments ---------------------------------------------------------------------
     def _new_data_segment(self, nbytes: int) -> Segment:

@@ -34,6 +34,9 @@ class RoutedTransport(Transport):
         self.node = node
         self._device = None
         self._active = routes
+        # Host arrays only (the communicator checks): the node's window spans the whole job only
+        # when every peer is on this node.
+        self.window = node.window if node is not None and all(t is node for t in routes.values()) else None
 
     def isend(self, buf: np.ndarray, peer: int, tag: int):
         return self._active[peer].isend(buf, peer, tag)

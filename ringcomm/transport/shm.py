@@ -47,6 +47,7 @@ import numpy as np
 from ..errors import CommError, CommTimeoutError, MismatchError, PeerAbortedError
 from .base import Request, Transport
 from .mpi import wait_polling
+from .window import Window, region_bytes
 
 SLOTS = 256                       # descriptors in flight per ordered pair before sends queue
 PUB, ACK, TAG, ORD, SEG, OFF, NBYTES = range(7)
@@ -180,11 +181,17 @@ class ShmTransport(Transport):
         self._arrived: list = [{} for _ in range(self.n)]   # (tag, ord) -> slot, not yet taken
         self._plain: list = [{} for _ in range(self.n)]     # (tag, ord) -> posted copy-receive
         words = HEADER + self.n * SLOTS * FIELDS
-        ctrl = self._create(words * 8)
-        self.header = ctrl[0].data.view(np.int64)[:HEADER]
-        self.rings_out = ctrl[0].data.view(np.int64)[HEADER:].reshape(self.n, SLOTS, FIELDS)
-        self.peer_header = [v.view(np.int64)[:HEADER] for v in ctrl[1]]
-        self.rings_in = [v.view(np.int64)[HEADER:].reshape(self.n, SLOTS, FIELDS)[self.me] for v in ctrl[1]]
+        ctrl = self._create(words * 8 + region_bytes())
+        self.header = ctrl[0].data[:words * 8].view(np.int64)[:HEADER]
+        self.rings_out = ctrl[0].data[:words * 8].view(np.int64)[HEADER:].reshape(self.n, SLOTS, FIELDS)
+        self.peer_header = [v[:words * 8].view(np.int64)[:HEADER] for v in ctrl[1]]
+        self.rings_in = [v[:words * 8].view(np.int64)[HEADER:].reshape(self.n, SLOTS, FIELDS)[self.me]
+                         for v in ctrl[1]]
+        # The window (one-shot collectives) lives after the rings. Its ranks are node ranks, so it
+        # is offered only when this node holds the whole job in rank order.
+        whole_job = self.ranks == list(range(world_size))
+        self.window = Window(self.me, [v[words * 8:] for v in ctrl[1]], aborted=self.aborted_reason) \
+            if whole_job else None
         # A first staging segment now, while every rank is here: collectives of up to this size
         # (where a rank's program can be empty and skip stage) never need a growth handshake.
         self._staging = self._new_data_segment(GROW_QUANTUM)

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..errors import MismatchError, PeerAbortedError
 from .base import DoneRequest, Request, Transport
+from .window import Window, region_bytes
 
 
 class _Recv(Request):
@@ -57,6 +58,7 @@ class ThreadsWorld:
         self.size = size
         self.boxes = [_Mailbox(self) for _ in range(size)]
         self.aborted: Optional[str] = None
+        self.window_regions = [np.zeros(region_bytes(), np.uint8) for _ in range(size)]
 
     def abort(self, reason: str) -> None:
         self.aborted = reason
@@ -70,6 +72,11 @@ class ThreadsTransport(Transport):
 
     def __init__(self, world: ThreadsWorld, rank: int):
         self.world, self.rank, self.size = world, rank, world.size
+        # spin=0: a polling thread would only hold the GIL its peers need to post
+        self.window = Window(rank, world.window_regions, aborted=self._aborted_reason, spin=0.0)
+
+    def _aborted_reason(self, peer: int) -> Optional[str]:
+        return None if self.world.aborted is None else f"job aborted: {self.world.aborted}"
 
     def isend(self, buf: np.ndarray, peer: int, tag: int) -> Request:
         if self.world.aborted is not None:

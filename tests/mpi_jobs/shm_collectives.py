@@ -60,7 +60,7 @@ for count in COUNTS:
     for dtype in DTYPES:
         all_in = [inputs(count, dtype, r) for r in range(size)]
         ref_sum = np.sum([a.astype(np.float64) for a in all_in], axis=0)
-        for algorithm in ringcomm.algorithms.names("all_reduce"):
+        for algorithm in ringcomm.algorithms.names("all_reduce", comm.transport):
             for op in ("sum", "max"):
                 x = all_in[rank].copy()
                 comm.all_reduce(x, op=op, algorithm=algorithm)

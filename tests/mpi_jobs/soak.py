@@ -61,7 +61,7 @@ for k in range(total):
     dtype = str(plan.choice(DTYPES))
     op = str(plan.choice(["sum", "prod", "min", "max"] + (["avg"] if dtype.startswith(("float", "bfloat")) else [])))
     count = int(plan.choice([0, 1, n - 1, 7, 61, 1000, 4099]))
-    algorithm = plan.choice(algorithms.names(collective) + [None])
+    algorithm = plan.choice(algorithms.names(collective, comm.transport) + [None])
     root = int(plan.integers(0, n))
     async_op = bool(plan.random() < 0.3)
     what = f"call {k}: {collective} {count} x {dtype} {op} {algorithm} root={root} async={async_op}"

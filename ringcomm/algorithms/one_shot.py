@@ -1,0 +1,70 @@
+"""One-shot all-reduce through a shared window: every rank reads every input and reduces it.
+
+Each round, every rank copies a piece of its vector into its window slot and posts the round;
+once all have posted, each rank computes x0 OP x1 OP ... OP x(n-1) for that piece straight out of
+the slots, always in rank order. Every rank runs the same operations on the same operands in the
+same order, so all end with the same bits (unlike "add the others to mine", whose order, and so
+whose rounding, would depend on the rank). Vectors longer than the window go in pieces, one
+round each.
+
+Steps: one synchronisation per piece of C bytes (C = window capacity), no messages.
+Bytes per rank: S written, (n-1) S read. Cost: ceil(S/C) alpha_w + S beta_w + (n-1) S (beta_w + gamma)
+on the window link (Network.window). Needs ranks that share memory: the transport must offer a
+window (shm on one node, threads). It wins for small vectors, where one flag store and n-1 flag
+loads replace log2(n) message round trips through the executor; it loses once the (n-1) S of
+reads outweigh those round trips, which the cost model finds.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+
+from ..cost import Link
+from .base import Algorithm
+
+
+STALL_CHECK = 0.05   # seconds a round may wait before the stall is diagnosed (and every so often after)
+
+
+class OneShot(Algorithm):
+    name = "one_shot"
+    collective = "all_reduce"
+    needs_window = True
+
+    def program(self, rank, size, count, root, seg):
+        return []   # no point-to-point steps: run() works on the window
+
+    def cost(self, nbytes, size, link: Link) -> float:
+        window, capacity = getattr(link, "window", None), getattr(link, "window_bytes", 0)
+        if window is None or capacity <= 0 or getattr(link, "nodes", 1) > 1:
+            return math.inf
+        if size == 1 or nbytes == 0:
+            return 0.0
+        pieces = math.ceil(nbytes / capacity)
+        return pieces * window.alpha + nbytes * window.beta + (size - 1) * nbytes * (window.beta + link.gamma)
+
+    def run(self, window, work: np.ndarray, reduce, combine, stamp: int, trouble: Callable) -> None:
+        """All-reduce ``work`` (non-empty, on 2 or more ranks) in place. ``reduce(dst, src)`` and
+        ``combine(out, a, b)`` are the op's kernels (ops.py); ``trouble()`` returns the guard
+        that explains a stalled round (``stalled(peer, piece, pieces)``, raising at the deadline)
+        or a peer in another collective (``mismatch(peer, stamp)``, which raises)."""
+        n, per = window.size, window.capacity // work.itemsize
+        pieces = -(-work.size // per)
+        for i in range(pieces):
+            piece = work if pieces == 1 else work[i * per:(i + 1) * per]
+            k = window.post(piece, stamp)
+            peer = window.wait(k, STALL_CHECK)
+            if peer is not None:   # slow path: from here on, explain the stall or time out
+                guard = trouble()
+                while peer is not None:
+                    guard.stalled(peer, i, pieces)
+                    peer = window.wait(k, STALL_CHECK)
+            odd = window.odd_stamp(k, stamp)
+            if odd is not None:
+                trouble().mismatch(odd, window.stamp(odd, k))
+            slots = window.views(k, piece.dtype, piece.size)
+            combine(piece, slots[0], slots[1])   # rank order: x0 OP x1 OP x2 ...
+            for r in range(2, n):
+                reduce(piece, slots[r])

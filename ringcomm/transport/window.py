@@ -1,0 +1,131 @@
+"""A shared window: a small mailbox per rank that every rank of the group can read in place.
+
+The substrate of one-shot collectives (algorithms/one_shot.py): instead of a message per peer,
+each rank writes its piece once and every rank reads all of them where they lie. A transport
+offers one as ``transport.window`` when all its ranks share memory (shm on one node, threads).
+
+Rank r owns one uint8 region (in shared memory, or an in-process array), laid out as
+
+    [ROUND int64 | pad to 64 B] [slot 0: STAMP int64 | pad | CAPACITY bytes] [slot 1: same]
+
+Round k uses slot k % 2: the owner writes the payload, then STAMP (whatever the algorithm says
+identifies the call: the collective's envelope tag and its exact count, so ranks in different
+collectives notice instead of reading each other's bytes), then ROUND = k. Plain stores become visible in program
+order on x86 (see shm.py for the argument and the guard on other CPUs). A reader waits until every
+rank's ROUND >= k and then reads the slots.
+
+Why two slots need no acknowledgement: rank r writes slot k % 2 again in round k + 2, after it
+finished round k + 1, which needed every peer's ROUND >= k + 1, which each peer posts only after
+it finished reading round k. So a slot is never overwritten while a peer may still read it: one
+flag store and n - 1 flag loads per round, nothing else.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Optional
+
+import numpy as np
+
+from ..errors import PeerAbortedError
+
+CAPACITY = 64 << 10   # payload bytes per rank per round: a few L2 lines' worth per peer
+LINE = 64
+SPIN_SECONDS = 50e-6
+MAX_SLEEP = 1e-3
+
+
+def _words(region: np.ndarray) -> memoryview:
+    return memoryview(region).cast("B").cast("q")
+
+
+def region_bytes(capacity: int = CAPACITY) -> int:
+    return LINE + 2 * (LINE + capacity)
+
+
+class Window:
+    """``regions[r]`` is rank r's region as this process sees it (``region_bytes`` long).
+
+    ``aborted(peer)`` returns why the job or that peer gave up, or None. ``spin`` is how long a
+    wait polls before it starts sleeping: processes on their own cores spin, threads of one
+    process (which would only hold the GIL their peers need) give the CPU up at once.
+    """
+
+    def __init__(self, rank: int, regions: list, *, capacity: int = CAPACITY,
+                 aborted: Callable[[int], Optional[str]] = lambda peer: None,
+                 spin: float = SPIN_SECONDS):
+        self.rank, self.size, self.capacity = rank, len(regions), capacity
+        self.round = 0
+        self._aborted, self._spin = aborted, spin
+        # Flags and stamps through memoryviews: an item access costs a third of numpy's.
+        self._flags = [_words(r[:8]) for r in regions]
+        self._stamps = [[_words(r[LINE + p * (LINE + capacity):][:8]) for p in (0, 1)] for r in regions]
+        self._slots = [[r[2 * LINE + p * (LINE + capacity):][:capacity] for p in (0, 1)]
+                       for r in regions]
+        self._views: dict = {}   # (parity, dtype, count) -> every rank's slot as such an array
+        self._peers = [r for r in range(self.size) if r != rank]
+
+    def views(self, k: int, dtype, count: int) -> list:
+        """Every rank's slot of round ``k`` as an array of ``count`` x ``dtype``, in rank order."""
+        key = (k & 1, dtype, count)
+        views = self._views.get(key)
+        if views is None:
+            if len(self._views) >= 64:   # a job uses a handful of shapes; do not grow without end
+                self._views.clear()
+            views = self._views[key] = [slots[k & 1].view(dtype)[:count] for slots in self._slots]
+        return views
+
+    def post(self, piece: np.ndarray, stamp: int) -> int:
+        """Publish ``piece`` (at most ``capacity`` bytes) as this rank's next round; its number."""
+        k = self.round + 1
+        np.copyto(self.views(k, piece.dtype, piece.size)[self.rank], piece)
+        self._stamps[self.rank][k & 1][0] = stamp
+        self._flags[self.rank][0] = k   # last: a peer that sees k sees the payload and stamp
+        self.round = k
+        return k
+
+    def stamp(self, rank: int, k: int) -> int:
+        return self._stamps[rank][k & 1][0]
+
+    def odd_stamp(self, k: int, stamp: int) -> Optional[int]:
+        """The first peer whose round-``k`` slot carries another stamp than ``stamp``, or None."""
+        p = k & 1
+        for peer in self._peers:
+            if self._stamps[peer][p][0] != stamp:
+                return peer
+        return None
+
+    def ahead(self, peer: int) -> Optional[int]:
+        """The stamp of ``peer``'s newest round if it has posted one this rank has not, else None:
+        how a stalled rank learns that a peer is in a one-shot collective it is not."""
+        k = self._flags[peer][0]
+        return self._stamps[peer][k & 1][0] if k > self.round else None
+
+    def lagging(self, k: int) -> Optional[int]:
+        """The first peer that has not posted round ``k`` yet, or None."""
+        flags = self._flags
+        for peer in self._peers:
+            if flags[peer][0] < k:
+                return peer
+        return None
+
+    def wait(self, k: int, timeout: float) -> Optional[int]:
+        """Wait up to ``timeout`` seconds for every rank to post round ``k``: None once they all
+        have, else the peer still missing. Raises PeerAbortedError if that peer gave up."""
+        peer = self.lagging(k)
+        if peer is None:
+            return None
+        now = time.monotonic()
+        spin_until, deadline, nap = now + self._spin, now + timeout, 10e-6
+        while True:
+            peer = self.lagging(k)
+            if peer is None:
+                return None
+            now = time.monotonic()
+            if now >= spin_until:
+                reason = self._aborted(peer)
+                if reason is not None:
+                    raise PeerAbortedError(reason)
+                if now >= deadline:
+                    return peer
+                time.sleep(nap)
+                nap = min(nap * 2, MAX_SLEEP)
