@@ -2,13 +2,23 @@
 
 Each job prints its segment-name prefix; afterwards /dev/shm must hold no file with it, even
 when a rank was SIGKILLed (segments are unlinked as soon as every peer has mapped them).
+
+Private arrays are read with CMA (process_vm_readv) where the machine allows it, as this one
+does; the jobs run both that and the staging copy (RINGCOMM_SHM_CMA=0).
 """
+import ctypes
+import errno
+import functools
 import os
 import re
+import subprocess
+import sys
 
+import numpy as np
 import pytest
 
 from mpi_util import run_mpi
+from ringcomm.errors import CommError
 from ringcomm.transport import shm
 
 pytestmark = pytest.mark.mpi
@@ -25,12 +35,53 @@ def ok_lines(out: str, n: int) -> list:
     return lines
 
 
+def direct_reads(out: str, n: int) -> set:
+    """The "rank R direct_reads='...'" reports, one per rank: the set of values."""
+    found = {int(r): v for r, _, v in re.findall(r"""rank (\d+) direct_reads=(['"])(.*?)\2""", out)}
+    assert sorted(found) == list(range(n)), out
+    return set(found.values())
+
+
+CMA_ON_OFF = {"cma": {}, "staged": {"RINGCOMM_SHM_CMA": "0"}}
+EXPECT_READS = {"cma": "cma", "staged": "off: RINGCOMM_SHM_CMA=0"}
+
+
+@functools.lru_cache(maxsize=None)
+def cma_denied():
+    """Why this machine refuses process_vm_readv between two of our processes, or None.
+    (Containers may deny it by seccomp or ptrace rules: there the transport must fall back.)"""
+    holder = "import numpy as np, sys; a = np.arange(4); print(a.ctypes.data, flush=True); sys.stdin.read()"
+    child = subprocess.Popen([sys.executable, "-c", holder], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        addr, got = int(child.stdout.readline()), np.zeros(4, np.int64)
+        shm.read_process(child.pid, addr, got.ctypes.data, got.nbytes)
+        return None
+    except OSError as err:
+        return f"process_vm_readv denied here: {err}"
+    finally:
+        child.communicate("")
+
+
+def expected_reads(reads: str) -> str:
+    """What the jobs must report: "cma" where the machine allows it, else the staged fallback."""
+    return "off:" if reads == "cma" and cma_denied() else EXPECT_READS[reads]
+
+
+def reported(out: str, n: int, reads: str) -> set:
+    """The jobs' direct_reads, with any reason for "off" dropped where only "off" is expected."""
+    values = direct_reads(out, n)
+    return {v.split(":")[0] + ":" for v in values} if expected_reads(reads) == "off:" else values
+
+
+@pytest.mark.parametrize("reads", ["cma", "staged"])
 @pytest.mark.parametrize("n", [2, 3, 4])
-def test_every_collective_over_shm(n):
+def test_every_collective_over_shm(n, reads):
     before = leftovers()
-    out = run_mpi(n, "shm_collectives.py", "shm", env={"RINGCOMM_TRANSPORT": "auto"}, timeout=240).stdout
+    out = run_mpi(n, "shm_collectives.py", "shm", env={"RINGCOMM_TRANSPORT": "auto", **CMA_ON_OFF[reads]},
+                  timeout=240).stdout
     for line in ok_lines(out, n):
         assert line.endswith(str(["shm"] * (n - 1))), line   # every peer over shared memory
+    assert reported(out, n, reads) == {expected_reads(reads)}
     assert leftovers() == before
 
 
@@ -53,9 +104,62 @@ def test_forced_shm_refuses_remote_peers(tmp_path):
         assert f"RINGCOMM_TRANSPORT=shm but ranks [{1 - rank}] are not on the node of rank {rank}" in said, said
 
 
+@pytest.mark.parametrize("reads", ["cma", "staged"])
 @pytest.mark.parametrize("n", [2, 3])
-def test_point_to_point(n):
-    ok_lines(run_mpi(n, "shm_p2p.py", env={"RINGCOMM_TRANSPORT": "shm"}).stdout, n)
+def test_point_to_point(n, reads):
+    out = run_mpi(n, "shm_p2p.py", env={"RINGCOMM_TRANSPORT": "shm", **CMA_ON_OFF[reads]}).stdout
+    ok_lines(out, n)
+    assert reported(out, n, reads) == {expected_reads(reads)}
+
+
+def test_cma_denied_on_one_rank_falls_back_on_all():
+    out = run_mpi(3, "shm_cma_denied.py", 1).stdout
+    ok_lines(out, 3)
+    reads = direct_reads(out, 3)
+    assert "off: direct reads failed on ranks [1]" in reads, reads
+    assert any("rank 1: cannot read 8 bytes" in r and "EPERM" in r for r in reads), reads
+
+
+def test_read_process_reads_another_process_and_says_when_it_is_gone():
+    if cma_denied():
+        pytest.skip(cma_denied())
+    holder = "import numpy as np, sys; a = np.arange(1000); print(a.ctypes.data, flush=True); sys.stdin.read()"
+    child = subprocess.Popen([sys.executable, "-c", holder], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        addr = int(child.stdout.readline())
+        got = np.zeros(1000, np.int64)
+        shm.read_process(child.pid, addr, got.ctypes.data, got.nbytes)
+        assert np.array_equal(got, np.arange(1000))
+    finally:
+        child.communicate("")
+    with pytest.raises(OSError) as gone:
+        shm.read_process(child.pid, addr, got.ctypes.data, got.nbytes)
+    assert gone.value.errno == errno.ESRCH
+
+
+def test_read_process_continues_after_a_short_read(monkeypatch):
+    calls = []
+
+    def three_bytes_at_a_time(pid, local, nl, remote, nr, flags):
+        n = min(3, local._obj.len)
+        ctypes.memmove(local._obj.base, remote._obj.base, n)
+        calls.append(n)
+        return n
+    monkeypatch.setattr(shm, "_process_vm_readv", three_bytes_at_a_time)
+    src, dst = np.arange(20, dtype=np.uint8), np.zeros(20, np.uint8)
+    shm.read_process(os.getpid(), src.ctypes.data, dst.ctypes.data, 20)
+    assert np.array_equal(src, dst) and len(calls) == 7
+
+
+def test_a_failed_read_names_the_peer_errno_address_and_size(monkeypatch):
+    def fault(*args):
+        ctypes.set_errno(errno.EFAULT)
+        return -1
+    monkeypatch.setattr(shm, "_process_vm_readv", fault)
+    t = shm.ShmTransport.__new__(shm.ShmTransport)   # just what _pull reads
+    t.rank, t.ranks, t._pids = 0, [0, 5], [os.getpid(), 4321]
+    with pytest.raises(CommError, match=r"rank 0: cannot read 8 bytes at 0x1000 of rank 5 \(pid 4321\): EFAULT"):
+        t._pull(1, 0x1000, np.zeros(1, np.int64))
 
 
 def test_timeout_is_an_error_not_a_hang():

@@ -16,7 +16,8 @@ Ordering across processes uses stream synchronisation, which needs no extra IPC 
   copy, or a reduction made in an earlier step) is complete in device memory;
 - a receiver synchronises its stream after its copy/reduce kernel and only then acknowledges,
   so the sender cannot overwrite data still being read.
-The host flags themselves follow shm.py's memory-ordering argument (x86 TSO).
+The host flags themselves follow shm.py's memory-ordering argument (x86 TSO). shm.py's direct
+reads of a peer's private memory (CMA) are off here: the payload is always in device segments.
 
 cupy is imported lazily: importing this module never needs a GPU. Buffers outside every device
 segment are refused (MPI here is not CUDA-aware); the executor only sends from staged arrays.
@@ -65,6 +66,9 @@ class CudaIpcTransport(ShmTransport):
         super().__init__(node_comm, ranks, world_rank=world_rank, world_size=world_size,
                          setup_timeout=setup_timeout)
         self.window = None   # the window is host memory; device arrays never use it
+
+    def _direct_reads_blocked(self) -> str:
+        return "device memory: process_vm_readv reads host memory only"
 
     # ---- device segments ---------------------------------------------------------------------
     def _new_data_segment(self, nbytes: int) -> Segment:

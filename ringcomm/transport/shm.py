@@ -1,20 +1,38 @@
 """Host shared-memory transport: ranks of one node reduce straight out of each other's memory.
 
 Every rank owns POSIX shared-memory segments (files in /dev/shm, mode 0600, names unique per
-job) that all ranks of its node map. A collective's work array lives in one of them: ``stage``
-copies it into the rank's staging segment, or skips the copy when the array already lives in a
-segment (``allocate`` hands out such arrays, e.g. for DDP buckets). A send then moves no bytes:
-it publishes a descriptor (segment, offset, length) in a slot of the sender's control segment;
-the receiver copies (``irecv``) or reduces (``irecv_reduce``, a numpy ufunc that releases the GIL)
-directly from the sender's segment into its own buffer and acknowledges the slot; the send
-completes on that acknowledgement. One pass over the data per receive, no bounce copies.
+job) that all ranks of its node map. A send moves no bytes: it publishes a descriptor saying
+where the peer can read the payload in a slot of the sender's control segment; the receiver
+copies (``irecv``) or reduces (``irecv_reduce``, a numpy ufunc that releases the GIL) directly
+from there into its own buffer and acknowledges the slot; the send completes on that
+acknowledgement. One pass over the data per receive, no bounce copies.
 
-Control segment of a rank: a header (abort flag) and, per destination on the node, a ring of
-SLOTS descriptor slots of int64 fields [PUB, ACK, TAG, ORD, SEG, OFF, NBYTES]. Message k to a
-destination goes to slot (k-1) % SLOTS once that slot's previous message is acknowledged; the
-sender writes TAG..NBYTES and then PUB = k. The receiver discovers messages in PUB order, reads
-the fields after seeing PUB, consumes the payload, then writes ACK = PUB. ORD numbers the messages of one (source, destination, tag) stream, so a receive matches
-exactly the message it was posted for even when streams (channels, lanes) interleave.
+Where the payload is read from depends on the collective's work array (``stage``):
+- an array that lives in a segment (``allocate`` hands out such arrays, e.g. for DDP buckets)
+  is published in place: (segment, offset, length);
+- an ordinary private array is read by the peer straight out of the sender's process memory
+  with Linux Cross Memory Attach (process_vm_readv): (CMA, address, length). One copy per
+  receive instead of two: without CMA each sent range would first be copied into the rank's
+  staging segment (the "shadow" at the same offsets) and read from there, which costs as much
+  as the receive itself. The kernel allows CMA only where the reader could attach a debugger
+  to the peer anyway (the same user, ptrace permitted), and the ranks of a node are already
+  trusted with each other's 0600 segments, so it grants nothing a rank could not do already.
+  Containers often forbid it (seccomp, ptrace restrictions: EPERM), so at setup every rank
+  test-reads a random token from the next rank of the node and the node agrees: CMA
+  everywhere, or the staging copy everywhere, silently. The token also catches ranks in other
+  PID namespaces (a pid that names another process there), and a ring of such reads crosses
+  every boundary between groups of ranks that cannot read each other. ``direct_reads`` says
+  which ("cma" or "off: <why>"); RINGCOMM_SHM_CMA=0 forces the staging copy.
+
+Control segment of a rank: a header (word 0 the abort flag, words 1-3 the CMA probe: pid,
+address and value of a token) and, per destination on the node, a ring of SLOTS descriptor
+slots of int64 fields [PUB, ACK, TAG, ORD, SEG, OFF, NBYTES]. Message k to a destination goes to
+slot (k-1) % SLOTS once that slot's previous message is acknowledged; the sender writes
+TAG..NBYTES and then PUB = k. The receiver discovers messages in PUB order, reads the fields
+after seeing PUB, consumes the payload, then writes ACK = PUB. ORD numbers the messages of one
+(source, destination, tag) stream, so a receive matches exactly the message it was posted for
+even when streams (channels, lanes) interleave. A sent range (in a segment or in private memory
+alike) must not change until its ACK: the executor keeps it so, as it does for MPI.
 
 Memory ordering: the protocol needs stores to become visible in program order (payload and
 fields before PUB; payload reads before ACK) and loads not to pass earlier loads. x86-64 (TSO)
@@ -28,13 +46,15 @@ synchronises again and each owner unlinks its file. After that the mappings keep
 alive and /dev/shm holds nothing of ringcomm's, so even SIGKILL leaks nothing.
 
 Waits spin for ~50 us and then sleep with exponential backoff (to 1 ms), so 4 ranks on 2 cores
-still make progress; every wait honours its timeout. A send whose buffer is not in any segment
-(rare: the executor only sends from the staged work array) publishes a descriptor marked
-"payload over MPI" and goes over the node communicator instead.
+still make progress; every wait honours its timeout. A send whose buffer is neither in a
+segment nor in the staged array (rare: the executor only sends from the staged work array)
+publishes a descriptor marked "payload over MPI" and goes over the node communicator instead.
 """
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import mmap
 import os
 import platform
@@ -53,8 +73,11 @@ SLOTS = 256                       # descriptors in flight per ordered pair befor
 PUB, ACK, TAG, ORD, SEG, OFF, NBYTES = range(7)
 FIELDS = 8                        # 64-byte slots: one cache line each
 HEADER = 8                        # int64 words before the rings; word 0 is the abort flag
+PID, PROBE_ADDR, PROBE_VALUE = 1, 2, 3   # header words: where peers test-read this rank (CMA)
 VIA_MPI = -1                      # SEG value: the payload follows over MPI
 EMPTY = -2                        # SEG value: a zero-byte message (barriers), nothing to read
+CMA = -3                          # SEG value: the payload is in the sender's process memory at OFF
+CMA_CHUNK = 1 << 20               # bytes read per system call before reducing: stays in cache
 SHM_DIR = "/dev/shm"
 PREFIX = "ringcomm-"
 GROW_QUANTUM = 1 << 20
@@ -71,6 +94,51 @@ def _check_ordering() -> None:
 def _address(a) -> int:
     """Start address of an array's data: host (numpy) or device (cupy) memory."""
     return a.ctypes.data if isinstance(a, np.ndarray) else a.data.ptr
+
+
+class _IoVec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+def _load_process_vm_readv():
+    """libc's process_vm_readv, or None where there is none (not Linux, an old libc)."""
+    try:
+        f = ctypes.CDLL(None, use_errno=True).process_vm_readv
+    except (OSError, AttributeError):
+        return None
+    f.argtypes = [ctypes.c_int, ctypes.POINTER(_IoVec), ctypes.c_ulong,
+                  ctypes.POINTER(_IoVec), ctypes.c_ulong, ctypes.c_ulong]
+    f.restype = ctypes.c_ssize_t
+    return f
+
+
+_process_vm_readv = _load_process_vm_readv()
+
+
+def read_process(pid: int, addr: int, dst_addr: int, nbytes: int) -> None:
+    """Copy ``nbytes`` at ``addr`` in process ``pid`` to ``dst_addr`` here; OSError on failure.
+
+    ctypes drops the GIL for the call, so other threads run while the kernel copies. The kernel
+    may stop short (a page it could not read), so the rest is asked for again; that second call
+    then reports the error.
+    """
+    local, remote = _IoVec(), _IoVec()
+    done = 0
+    while done < nbytes:
+        local.base, local.len = dst_addr + done, nbytes - done
+        remote.base, remote.len = addr + done, nbytes - done
+        got = _process_vm_readv(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+        if got <= 0:   # 0 would loop forever; the kernel only returns it for empty vectors
+            code = ctypes.get_errno() if got < 0 else errno.EIO
+            raise OSError(code, os.strerror(code))
+        done += got
+
+
+def _errno_text(err: OSError) -> str:
+    name = errno.errorcode.get(err.errno, str(err.errno))
+    if err.errno == errno.ESRCH:
+        return f"{name} (the process is gone)"
+    return f"{name} ({err.strerror})"
 
 
 class Segment:
@@ -170,6 +238,7 @@ class ShmTransport(Transport):
         self._peers: dict[tuple, np.ndarray] = {}     # (node rank, seg_id) -> uint8 view
         self._staging: Optional[Segment] = None
         self._shadow: Optional[tuple] = None          # (address, nbytes) of the staged array
+        self._chunk: Optional[np.ndarray] = None      # reused by CMA reductions, stays in cache
         self._allocated: list[Segment] = []
         self._aborted: Optional[str] = None
         self._closed = False
@@ -192,9 +261,77 @@ class ShmTransport(Transport):
         whole_job = self.ranks == list(range(world_size))
         self.window = Window(self.me, [v[words * 8:] for v in ctrl[1]], aborted=self.aborted_reason) \
             if whole_job else None
+        # The CMA probe goes into the header now: the handshakes of the segment setup below
+        # make every peer's visible before anyone test-reads it.
+        self._probe = np.array([secrets.randbits(62)], np.int64)   # private memory, kept alive
+        self.header[PID], self.header[PROBE_ADDR], self.header[PROBE_VALUE] = \
+            os.getpid(), _address(self._probe), self._probe[0]
         # A first staging segment now, while every rank is here: collectives of up to this size
         # (where a rank's program can be empty and skip stage) never need a growth handshake.
         self._staging = self._new_data_segment(GROW_QUANTUM)
+        self._pids = [int(h[PID]) for h in self.peer_header]
+        self.direct_reads = self._agree_direct_reads()
+        self._direct = self.direct_reads == "cma"
+
+    # ---- direct reads (CMA) ------------------------------------------------------------------
+    def _direct_reads_blocked(self) -> Optional[str]:
+        """Why this rank must not even try CMA; None if it may (hook)."""
+        if os.environ.get("RINGCOMM_SHM_CMA", "1").strip() == "0":
+            return "RINGCOMM_SHM_CMA=0"
+        if _process_vm_readv is None:
+            return "libc has no process_vm_readv"
+        return None
+
+    def _agree_direct_reads(self) -> str:
+        """Collective over the node: "cma" if every rank read its neighbour's probe, else "off: why".
+
+        All or nothing, so that every rank stages alike (staging growth is a collective).
+        """
+        why = self._direct_reads_blocked()
+        if why is None:
+            p = (self.me + 1) % self.n
+            got = np.zeros(1, np.int64)
+            try:
+                self._pull(p, int(self.peer_header[p][PROBE_ADDR]), got)
+            except CommError as err:
+                why = str(err)
+            else:
+                if got[0] != self.peer_header[p][PROBE_VALUE]:
+                    why = f"rank {self.rank} read a wrong probe value from rank {self.ranks[p]}"
+        failed = self._agree(why is not None, "agree on direct reads")
+        if not failed:
+            return "cma"
+        return f"off: {why}" if why else f"off: direct reads failed on ranks {failed}"
+
+    def _pull(self, p: int, addr: int, dst: np.ndarray) -> None:
+        """Copy ``dst.nbytes`` bytes at ``addr`` of node rank ``p``'s memory into ``dst``."""
+        try:
+            read_process(self._pids[p], addr, _address(dst), dst.nbytes)
+        except OSError as err:
+            raise CommError(f"shm transport on rank {self.rank}: cannot read {dst.nbytes} bytes at "
+                            f"{addr:#x} of rank {self.ranks[p]} (pid {self._pids[p]}): "
+                            f"{_errno_text(err)}") from None
+
+    def _receive_direct(self, req: _Recv, addr: int) -> None:
+        """Consume a CMA message: read it into the (flat) receive buffer, or reduce it into it
+        chunk by chunk, so that what the kernel copies is still in cache for the reduction."""
+        buf = req.buf
+        if req.reduce is None:
+            if buf.flags.c_contiguous:
+                self._pull(req.peer, addr, buf)
+            else:   # the kernel writes one contiguous range
+                tmp = np.empty(buf.shape, buf.dtype)
+                self._pull(req.peer, addr, tmp)
+                buf[...] = tmp
+            return
+        if self._chunk is None:
+            self._chunk = np.empty(CMA_CHUNK, np.uint8)
+        tmp = self._chunk.view(buf.dtype)
+        for i in range(0, buf.size, tmp.size):
+            dst = buf[i:i + tmp.size]
+            part = tmp[:dst.size]
+            self._pull(req.peer, addr + i * buf.itemsize, part)
+            req.reduce(dst, part)
 
     # ---- segments --------------------------------------------------------------------------
     def _path(self, node_rank: int, seg_id: int) -> str:
@@ -280,17 +417,19 @@ class ShmTransport(Transport):
         """Make ``flat`` sendable from shared memory for the length of one collective.
 
         If ``flat`` lives in a segment (``allocate``), sends publish it in place: no copy at all.
-        Otherwise the collective still works on ``flat`` itself, and the staging segment shadows
-        it: a send copies just its own range to the same offset there before publishing it.
-        Receives land straight in ``flat``, so nothing is copied back, and only bytes that are
-        actually sent are copied in (a 2-rank ring all-reduce copies S, not 2S).
+        Otherwise the collective still works on ``flat`` itself: with CMA peers read its sent
+        ranges where they are; without, the staging segment shadows it and a send copies just
+        its own range to the same offset there before publishing it. Receives land straight in
+        ``flat``, so nothing is copied back, and only bytes that are actually sent are copied in
+        (a 2-rank ring all-reduce copies S, not 2S).
 
-        Every rank of the node enters stage for the same collective with the same byte count, so
-        growing the staging segment (a collective) is decided on the byte count alone.
+        Every rank of the node enters stage for the same collective with the same byte count,
+        and ``direct_reads`` is the same on all of them, so growing the staging segment (a
+        collective) is decided on those alone.
         """
         self._check_array(flat)
         nbytes = flat.nbytes
-        if nbytes and (self._staging is None or self._staging.nbytes < nbytes):
+        if nbytes and not self._direct and (self._staging is None or self._staging.nbytes < nbytes):
             old = self._staging
             size = max(nbytes, 2 * old.nbytes if old else 0)
             self._staging = self._new_data_segment(-(-size // GROW_QUANTUM) * GROW_QUANTUM)
@@ -306,7 +445,8 @@ class ShmTransport(Transport):
             self._shadow = None
 
     def _where(self, buf: np.ndarray):
-        """(segment, offset) a peer can read ``buf`` at, copying it into staging if shadowed."""
+        """(SEG, OFF) a peer can read ``buf`` at: a segment, the sender's own memory (CMA), or
+        the staging segment after copying ``buf`` there; None if none of them."""
         addr, nbytes = _address(buf), buf.nbytes
         if not nbytes:
             return EMPTY, 0
@@ -317,6 +457,8 @@ class ShmTransport(Transport):
         off = addr - base
         if not (0 <= off and off + nbytes <= total):
             return None
+        if self._direct:
+            return CMA, addr
         self._staging.data[off:off + nbytes] = _bytes(buf)
         return self._staging.seg_id, off
 
@@ -442,6 +584,11 @@ class ShmTransport(Transport):
                 return
             if req.reduce is not None:
                 req.reduce(req.buf, target)
+        elif seg == CMA:
+            try:
+                self._receive_direct(req, int(row[OFF]))
+            except CommError as err:   # raised when the receive is waited, like a mismatch
+                req.error = err
         elif seg != EMPTY:
             off = int(row[OFF])
             src = self._peers[(req.peer, seg)][off:off + nbytes].view(req.buf.dtype)

@@ -6,7 +6,8 @@ With RANKS_PER_NODE, rank r pretends to be on node r // RANKS_PER_NODE (RINGCOMM
 
 EXPECT is "shm" (every peer over shared memory), "mpi" (every peer over MPI) or "nodes" (peers
 on this rank's RINGCOMM_NODE_ID over shm, the rest over MPI). Results are compared against a
-float64 reference and, bitwise, across ranks. Prints "rank R ok <routes>" at the end.
+float64 reference and, bitwise, across ranks. Prints "rank R direct_reads='...'" (how the node's
+shared memory reads private arrays, see shm.py) and "rank R ok <routes>" at the end.
 """
 import shm_guard  # noqa: F401  (first: a failure on one rank ends the job)
 import os
@@ -113,5 +114,8 @@ for k, x in enumerate(xs[1:], 1):
 assert np.all(xs[0] == sum(range(size))), xs[0][:4]
 checked += len(works)
 comm.barrier()
+node = getattr(comm.transport, "node", None)
+if node is not None:
+    print(f"rank {rank} direct_reads={node.direct_reads!r}", flush=True)
 comm.transport.close()
 print(f"rank {rank} ok {checked} {sorted(routes.values())}")

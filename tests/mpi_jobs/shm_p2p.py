@@ -1,6 +1,8 @@
 """Point-to-point over the shm transport itself: matching, queueing, fallback and errors.
 
     RINGCOMM_TRANSPORT=shm mpirun -n N python shm_p2p.py
+
+Runs with direct reads of private memory (CMA) or, under RINGCOMM_SHM_CMA=0, the staging copy.
 """
 import shm_guard  # noqa: F401  (first: a failure on one rank ends the job)
 import time
@@ -12,7 +14,7 @@ from ringcomm.errors import MismatchError, PeerAbortedError
 from ringcomm.ops import ReduceOp, DTYPES, reducer
 from ringcomm.topology import discover
 from ringcomm.transport import factory
-from ringcomm.transport.shm import SLOTS, ShmTransport
+from ringcomm.transport.shm import GROW_QUANTUM, SLOTS, ShmTransport
 
 world = MPI.COMM_WORLD.Dup()
 routed = factory.build(world, discover(world))
@@ -46,14 +48,26 @@ with t.stage(buf) as w:
     assert r.wait(30) and s.wait(30)
 assert np.array_equal(acc, 0.5 + left * 1000 + np.arange(n_msgs))
 
-# 3. A staged ordinary array is shadowed: sends from it work and receives land in it directly.
-plain = np.arange(100_000, dtype=np.float64) + rank
+# 3. A staged ordinary array: peers read its sent ranges out of this process (CMA) or out of
+#    the staging shadow; receives land in it directly. 2.4 MiB halves: CMA reduces in chunks.
+half = 300_001
+plain = np.arange(2 * half, dtype=np.float64) + rank
 with t.stage(plain) as w:
     assert w is plain
-    r = t.irecv_reduce(w[50_000:], left, 8, add, np.empty(50_000))
-    s = t.isend(w[:50_000], right, 8)
+    r = t.irecv_reduce(w[half:], left, 8, add, np.empty(half))
+    s = t.isend(w[:half], right, 8)
     assert r.wait(30) and s.wait(30)
-assert np.array_equal(plain[50_000:], np.arange(50_000, 100_000) + rank + np.arange(50_000) + left)
+    strided = np.zeros(2 * half)   # a receive buffer CMA cannot write in one go
+    r, s = t.irecv(strided[::2], left, 13), t.isend(w[half:], right, 13)
+    assert r.wait(30) and s.wait(30)
+    left_of_left = (left - 1) % size
+    assert np.array_equal(strided[::2], np.arange(half, 2 * half) + left + np.arange(half) + left_of_left)
+    assert not strided[1::2].any()
+assert np.array_equal(plain[half:], np.arange(half, 2 * half) + rank + np.arange(half) + left)
+if t.direct_reads == "cma":   # peers read the array itself: the staging segment never grows
+    assert t._staging.nbytes == GROW_QUANTUM, t._staging.nbytes
+else:
+    assert t._staging.nbytes >= plain.nbytes, t._staging.nbytes
 
 # 4. A buffer outside shared memory falls back to MPI, reduce included.
 outside, into = np.full(1000, float(rank)), np.ones(1000)
@@ -68,6 +82,15 @@ try:
     raise AssertionError("mismatch not detected")
 except MismatchError as err:
     assert "4" in str(err) or "32" in str(err), err
+with t.stage(plain) as w:   # from a staged array too: the peer's memory is not even read
+    into = np.zeros(3)
+    r, s = t.irecv(into, left, 14), t.isend(w[:4], right, 14)
+    try:
+        r.wait(30)
+        raise AssertionError("mismatch not detected")
+    except MismatchError as err:
+        assert "32" in str(err), err
+    assert s.wait(30) and not into.any()
 world.Barrier()
 
 # 6. A receive nobody sends times out when asked to (False), and promptly.
@@ -89,5 +112,6 @@ elif rank == 0:
         assert "rank 1" in str(err), err
 else:
     world.Barrier()
+print(f"rank {rank} direct_reads={t.direct_reads!r}", flush=True)
 t.close()
 print(f"rank {rank} ok")
