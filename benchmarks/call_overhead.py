@@ -25,9 +25,10 @@ from ringcomm import algorithms, executor
 from ringcomm.buffers import as_buffer
 from ringcomm.envelope import Envelope
 from ringcomm.communicator import Communicator
-from ringcomm.ops import ReduceOp, reducer
+from ringcomm.ops import ReduceOp, combiner, reducer
 from ringcomm.schedule import DEFAULT_SEGMENT_BYTES
 from ringcomm.transport.base import DoneRequest, Transport
+from ringcomm.transport.window import Window, region_bytes
 
 
 class NullTransport(Transport):
@@ -42,6 +43,14 @@ class NullTransport(Transport):
 
     def irecv(self, buf, peer, tag):
         return DoneRequest()
+
+
+def mirror_window(size: int) -> Window:
+    """A window whose every rank is this one: each round finds all "peers" posted, with this
+    rank's own stamp, so a one-shot all-reduce runs its whole path (copy in, flags, stamps,
+    n-1 reductions) without waiting for anybody."""
+    region = np.zeros(region_bytes(), np.uint8)
+    return Window(0, [region] * size)
 
 
 def best_us(fn, number: int, repeat: int) -> float:
@@ -59,8 +68,17 @@ def phases(nbytes: int, size: int, number: int, repeat: int) -> list[tuple[str, 
     program = algorithms.plan("all_reduce", chosen, 0, size, x.size, 0, seg)
     red = reducer(ReduceOp.SUM, buf.dtype)
     envelope = Envelope(1, "all_reduce", "float32", x.size)
+    shared = NullTransport(0, size)
+    shared.name, shared.window = "shm", mirror_window(size)   # as the shm transport on one node
+    on_window = Communicator(shared)
+    window_pick = on_window.selector.choose("all_reduce", x.nbytes, size, transport=shared)
+    one_shot = algorithms.get("all_reduce", "one_shot")
     rows = [
-        (f"all_reduce(x), whole call (auto -> {chosen})", lambda: comm.all_reduce(x)),
+        (f"all_reduce(x), whole call, ranks sharing memory (auto -> {window_pick}, mirror window)",
+         lambda: on_window.all_reduce(x)),
+        ("  one_shot.run alone (copy in, flags, stamps, reduce)",
+         lambda: one_shot.run(shared.window, x, red, combiner(ReduceOp.SUM, buf.dtype), 1, None)),
+        (f"all_reduce(x), whole call, no shared window (auto -> {chosen})", lambda: comm.all_reduce(x)),
         (f"all_reduce(x, algorithm={chosen!r})", lambda: comm.all_reduce(x, algorithm=chosen)),
         ("  as_buffer (type, dtype, layout checks)", lambda: as_buffer(x, "all_reduce", "x")),
         ("  _check_op", lambda: comm._check_op("all_reduce", "sum", buf)),

@@ -114,7 +114,7 @@ def _numpy_buffer(x: np.ndarray, collective: str, argument: str) -> Buffer:
                         f"a non-contiguous array with strides {x.strides}")
     if not flags.writeable:
         raise bad_value(collective, argument, "a writable array", "a read-only array")
-    return Buffer(x, x.reshape(-1), dtype, "numpy", "cpu")
+    return Buffer(x, x if x.ndim == 1 else x.reshape(-1), dtype, "numpy", "cpu")
 
 
 def check_pair(collective: str, out: Buffer, x: Buffer, out_numel: int) -> None:

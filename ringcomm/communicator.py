@@ -13,7 +13,7 @@ import logging
 import os
 import threading
 import time
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 
@@ -31,6 +31,17 @@ from .work import Work
 DEFAULT_TIMEOUT = 300.0
 PLAN_MEMO = 1024   # distinct call shapes remembered; a training loop repeats a handful
 _log = logging.getLogger("ringcomm.selector")
+
+
+class _Plan(NamedTuple):
+    """Everything about a call that its shape decides, worked out once per shape."""
+    algorithm: str
+    why: str                   # how the algorithm was chosen (for RINGCOMM_DEBUG=info)
+    one_shot: object           # the window algorithm to run, or None for a program
+    program: object            # compiled program; for a one-shot algorithm: whether there is work
+    reduce: Optional[Callable]
+    combine: Optional[Callable]
+    static: int                # the envelope's tag bits but the sequence number
 
 
 class Call:
@@ -248,7 +259,7 @@ class Communicator:
         dname = None if dtype is None else dtype.name
         if one_shot is not None:
             if program:   # more than one rank and something to reduce
-                started = time.monotonic()
+                started = self._entry.started   # the deadline counts from the start of the call
                 # The stamp is the envelope's tag plus the exact count: ranks whose counts differ
                 # by a multiple of 1024 must not read past what a peer wrote.
                 one_shot.run(self.transport.window, work, reduce, combine,
@@ -267,11 +278,7 @@ class Communicator:
         with self.transport.stage(work) as staged:
             executor.run(program, self.transport, staged, reduce, envelope=envelope, timeout=self.timeout, what=what)
 
-    def _plan(self, key: tuple, itemsize: int) -> tuple:
-        """Everything about a call that its shape decides, worked out once per shape:
-        (algorithm, why, one-shot algorithm or None, program, reduce kernel, combine kernel, static).
-        For a one-shot algorithm ``program`` is just whether there is anything to do; ``static``
-        is the envelope's tag bits but the sequence number (what one-shot rounds stamp)."""
+    def _plan(self, key: tuple, itemsize: int) -> _Plan:
         name, forced, count, dtype, op, root, host = key
         nodes = None if self.topology is None else self.topology.node_of
         chosen = forced or self.selector.choose(name, count * itemsize, self.size,
@@ -283,10 +290,11 @@ class Communicator:
         combine = None if op is None else combiner(op, dtype)
         static = static_bits(name, dtype.name if dtype else None, count)
         if algorithms.needs_window(name, chosen):
-            return chosen, how, algorithms.get(name, chosen), self.size > 1 and count > 0, reduce, combine, static
+            return _Plan(chosen, how, algorithms.get(name, chosen), self.size > 1 and count > 0, reduce, combine,
+                         static)
         seg = max(1, DEFAULT_SEGMENT_BYTES // itemsize)
         program = algorithms.plan(name, chosen, self.rank, self.size, count, root, seg, nodes)
-        return chosen, how, None, program, reduce, combine, static
+        return _Plan(chosen, how, None, program, reduce, combine, static)
 
     def _submit(self, call: "Call", job: Callable, async_op: bool):
         with self._state:

@@ -100,14 +100,16 @@ class _Watch:
     def stalled(self, op, k: int, steps: int) -> None:
         """Called while ``op`` is not done: raise if it never will be, else return."""
         now = time.monotonic()
-        if now >= self.next_probe:
-            self.next_probe = now + DIAGNOSE_EVERY
-            self.diagnose(op.peer)
+        # The deadline first: a rank whose own wait ran out names the peer it waited for, even if
+        # another rank that waited for the same peer timed out a moment earlier and said so.
         if self.deadline is not None and now >= self.deadline:
             verb = "send to" if isinstance(op, Send) else "receive from"
             raise CommTimeoutError(
                 f"{self.what} on rank {self.transport.rank}: timed out after {self.timeout:g} s waiting to "
                 f"{verb} rank {op.peer} ({op.count} elements, step {k + 1} of {steps})")
+        if now >= self.next_probe:
+            self.next_probe = now + DIAGNOSE_EVERY
+            self.diagnose(op.peer)
 
     def diagnose(self, peer: int) -> None:
         transport = self.transport

@@ -54,17 +54,16 @@ class OneShot(Algorithm):
         pieces = -(-work.size // per)
         for i in range(pieces):
             piece = work if pieces == 1 else work[i * per:(i + 1) * per]
-            k = window.post(piece, stamp)
-            peer = window.wait(k, STALL_CHECK)
-            if peer is not None:   # slow path: from here on, explain the stall or time out
-                guard = trouble()
+            k, slots = window.post(piece, stamp)
+            if window.lagging(k) is not None and window.wait(k, STALL_CHECK) is not None:
+                guard = trouble()   # slow path: from here on, explain the stall or time out
+                peer = window.lagging(k)
                 while peer is not None:
                     guard.stalled(peer, i, pieces)
                     peer = window.wait(k, STALL_CHECK)
             odd = window.odd_stamp(k, stamp)
             if odd is not None:
                 trouble().mismatch(odd, window.stamp(odd, k))
-            slots = window.views(k, piece.dtype, piece.size)
             combine(piece, slots[0], slots[1])   # rank order: x0 OP x1 OP x2 ...
             for r in range(2, n):
                 reduce(piece, slots[r])

@@ -24,7 +24,7 @@ class ReferenceCommunicator(Communicator):
                          topology=topology)
         self.world = world
 
-    def _check_algorithm(self, name: str, algorithm) -> Optional[str]:
+    def _check_algorithm(self, name: str, algorithm, buf=None) -> Optional[str]:
         if algorithm is None:
             return None
         if not isinstance(algorithm, str):

@@ -74,14 +74,16 @@ class Window:
             views = self._views[key] = [slots[k & 1].view(dtype)[:count] for slots in self._slots]
         return views
 
-    def post(self, piece: np.ndarray, stamp: int) -> int:
-        """Publish ``piece`` (at most ``capacity`` bytes) as this rank's next round; its number."""
+    def post(self, piece: np.ndarray, stamp: int) -> tuple:
+        """Publish ``piece`` (at most ``capacity`` bytes) as this rank's next round:
+        (its number, every rank's slot of it as ``views`` gives them)."""
         k = self.round + 1
-        np.copyto(self.views(k, piece.dtype, piece.size)[self.rank], piece)
+        views = self.views(k, piece.dtype, piece.size)
+        np.copyto(views[self.rank], piece)
         self._stamps[self.rank][k & 1][0] = stamp
         self._flags[self.rank][0] = k   # last: a peer that sees k sees the payload and stamp
         self.round = k
-        return k
+        return k, views
 
     def stamp(self, rank: int, k: int) -> int:
         return self._stamps[rank][k & 1][0]
