@@ -181,3 +181,14 @@ def test_targets_are_judged_from_the_rows():
     assert "x+=y floor" in lines[2] and "x  2.00" in lines[2] and lines[2].endswith("met")
     assert "1K latency vs mpi" in lines[3] and "x  3.00" in lines[3] and lines[3].endswith("MISSED")
     assert "worst size (1K) x  1.20" in lines[4] and lines[4].endswith("MISSED")
+
+
+def test_summary_tells_noise_from_a_slower_choice():
+    same = _row(1024, "ringcomm", "auto", 41.0)
+    same.chosen = "ring"
+    (line,) = perf.summary([same, _row(1024, "ringcomm", "ring", 39.0)])
+    assert line.endswith("ok (auto ran ring itself; the gap is run-to-run noise)"), line
+    other = _row(1024, "ringcomm", "auto", 41.0)
+    other.chosen = "tree"
+    (line,) = perf.summary([other, _row(1024, "ringcomm", "ring", 39.0)])
+    assert line.endswith("SLOWER THAN EVERY FORCED"), line

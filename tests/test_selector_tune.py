@@ -20,7 +20,21 @@ def test_tune_writes_a_loadable_file_and_keeps_other_shapes(tmp_path, monkeypatc
     (sweep,) = tuning.sweeps
     assert sweep.local_sizes == (2,) and sweep.sizes[0] == 8 and sweep.sizes[-1] <= 128 << 10
     assert "hierarchical" not in sweep.seconds     # on one node it is a ring: not timed twice
+    # The job ran over shared memory, so one-shot was timed and the window link fitted from it.
+    assert "one_shot" in sweep.seconds
+    alpha_w, beta_w = tuning.links[f"{sweep.routes[0]}-window"]
+    assert 0 < alpha_w < 1e-3 and 0 < beta_w < 1e-6
     monkeypatch.setenv("RINGCOMM_TUNING_FILE", str(out))
     monkeypatch.delenv("RINGCOMM_ALGO", raising=False)
     choice = Selector.from_env().explain("all_reduce", 1024, 2, routes=sweep.routes)   # as tune ran it (shm here)
     assert choice.measured and choice.algorithm == min(choice.measured, key=choice.measured.get)
+
+
+def test_fit_window_recovers_the_window_link_from_one_shot_times():
+    from ringcomm.tune import fit_window
+    alpha, beta, gamma, n, capacity = 3e-6, 1 / 7e9, 1 / 5e9, 4, 64 << 10
+    sizes = [8 << k for k in range(20)]
+    times = [alpha * -(-s // capacity) + s * beta + (n - 1) * s * (beta + gamma) for s in sizes]
+    got_alpha, got_beta = fit_window(sizes, times, gamma, n, capacity)
+    assert got_alpha == pytest.approx(alpha, rel=1e-6) and got_beta == pytest.approx(beta, rel=1e-6)
+    assert fit_window(sizes[:2], times[:2], gamma, n, capacity) is None   # too few points to say
