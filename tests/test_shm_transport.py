@@ -42,7 +42,9 @@ def direct_reads(out: str, n: int) -> set:
     return set(found.values())
 
 
-CMA_ON_OFF = {"cma": {}, "staged": {"RINGCOMM_SHM_CMA": "0"}}
+# "cma": every collective read by CMA, however small (the default floor would stage the
+# small ones these jobs run); "staged": CMA off.
+CMA_ON_OFF = {"cma": {"RINGCOMM_SHM_CMA_MIN": "0"}, "staged": {"RINGCOMM_SHM_CMA": "0"}}
 EXPECT_READS = {"cma": "cma", "staged": "off: RINGCOMM_SHM_CMA=0"}
 
 

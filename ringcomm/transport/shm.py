@@ -22,11 +22,14 @@ Where the payload is read from depends on the collective's work array (``stage``
   everywhere, or the staging copy everywhere, silently. The token also catches ranks in other
   PID namespaces (a pid that names another process there), and a ring of such reads crosses
   every boundary between groups of ranks that cannot read each other. ``direct_reads`` says
-  which ("cma" or "off: <why>"); RINGCOMM_SHM_CMA=0 forces the staging copy.
+  which ("cma" or "off: <why>"); RINGCOMM_SHM_CMA=0 forces the staging copy. Even with CMA on,
+  collectives below ``cma_min_bytes`` (CMA_MIN_BYTES) stage: the kernel pins each page it
+  reads, and for a cache-sized collective that costs more than the copy it saves.
 
 Control segment of a rank: a header (word 0 the abort flag, words 1-3 the CMA probe: pid,
-address and value of a token) and, per destination on the node, a ring of SLOTS descriptor
-slots of int64 fields [PUB, ACK, TAG, ORD, SEG, OFF, NBYTES]. Message k to a destination goes to
+address and value of a token, word 4 the CMA floor this rank asks for), after it the rings
+(below), and after those the one-shot window (window.py). Per destination on the node, a ring
+of SLOTS descriptor slots of int64 fields [PUB, ACK, TAG, ORD, SEG, OFF, NBYTES]. Message k to a destination goes to
 slot (k-1) % SLOTS once that slot's previous message is acknowledged; the sender writes
 TAG..NBYTES and then PUB = k. The receiver discovers messages in PUB order, reads the fields
 after seeing PUB, consumes the payload, then writes ACK = PUB. ORD numbers the messages of one
@@ -67,6 +70,7 @@ import numpy as np
 from ..errors import CommError, CommTimeoutError, MismatchError, PeerAbortedError
 from .base import Request, Transport
 from .mpi import wait_polling
+from ..tuning import parse_size
 from .window import Window, region_bytes
 
 SLOTS = 256                       # descriptors in flight per ordered pair before sends queue
@@ -74,10 +78,15 @@ PUB, ACK, TAG, ORD, SEG, OFF, NBYTES = range(7)
 FIELDS = 8                        # 64-byte slots: one cache line each
 HEADER = 8                        # int64 words before the rings; word 0 is the abort flag
 PID, PROBE_ADDR, PROBE_VALUE = 1, 2, 3   # header words: where peers test-read this rank (CMA)
+CMA_FLOOR = 4                     # header word: the smallest collective this rank would read by CMA
 VIA_MPI = -1                      # SEG value: the payload follows over MPI
 EMPTY = -2                        # SEG value: a zero-byte message (barriers), nothing to read
 CMA = -3                          # SEG value: the payload is in the sender's process memory at OFF
 CMA_CHUNK = 1 << 20               # bytes read per system call before reducing: stays in cache
+# Collectives smaller than this stage instead of reading by CMA: a cache-sized collective copies
+# fast, and process_vm_readv pins every page it reads, which then dominates (2 ranks here: the
+# ring at 256 KiB-16 MiB took 1.2-1.6x longer with CMA, at 64 MiB 0.75x; docs/transports.md).
+CMA_MIN_BYTES = 32 << 20
 SHM_DIR = "/dev/shm"
 PREFIX = "ringcomm-"
 GROW_QUANTUM = 1 << 20
@@ -132,6 +141,12 @@ def read_process(pid: int, addr: int, dst_addr: int, nbytes: int) -> None:
             code = ctypes.get_errno() if got < 0 else errno.EIO
             raise OSError(code, os.strerror(code))
         done += got
+
+
+def _cma_min_bytes() -> int:
+    """RINGCOMM_SHM_CMA_MIN (bytes, e.g. 32M), else CMA_MIN_BYTES."""
+    text = os.environ.get("RINGCOMM_SHM_CMA_MIN", "").strip()
+    return parse_size(text) if text else CMA_MIN_BYTES
 
 
 def _errno_text(err: OSError) -> str:
@@ -237,7 +252,7 @@ class ShmTransport(Transport):
         self._own: dict[int, Segment] = {}            # seg_id -> my segment
         self._peers: dict[tuple, np.ndarray] = {}     # (node rank, seg_id) -> uint8 view
         self._staging: Optional[Segment] = None
-        self._shadow: Optional[tuple] = None          # (address, nbytes) of the staged array
+        self._shadow: Optional[tuple] = None          # (address, nbytes, read by CMA?) of the staged array
         self._chunk: Optional[np.ndarray] = None      # reused by CMA reductions, stays in cache
         self._allocated: list[Segment] = []
         self._aborted: Optional[str] = None
@@ -266,12 +281,16 @@ class ShmTransport(Transport):
         self._probe = np.array([secrets.randbits(62)], np.int64)   # private memory, kept alive
         self.header[PID], self.header[PROBE_ADDR], self.header[PROBE_VALUE] = \
             os.getpid(), _address(self._probe), self._probe[0]
+        self.header[CMA_FLOOR] = _cma_min_bytes()
         # A first staging segment now, while every rank is here: collectives of up to this size
         # (where a rank's program can be empty and skip stage) never need a growth handshake.
         self._staging = self._new_data_segment(GROW_QUANTUM)
         self._pids = [int(h[PID]) for h in self.peer_header]
         self.direct_reads = self._agree_direct_reads()
         self._direct = self.direct_reads == "cma"
+        # Every rank must stage a collective alike (staging growth is collective): the largest
+        # floor any rank asked for applies to all.
+        self.cma_min_bytes = max(int(h[CMA_FLOOR]) for h in self.peer_header)
 
     # ---- direct reads (CMA) ------------------------------------------------------------------
     def _direct_reads_blocked(self) -> Optional[str]:
@@ -429,7 +448,8 @@ class ShmTransport(Transport):
         """
         self._check_array(flat)
         nbytes = flat.nbytes
-        if nbytes and not self._direct and (self._staging is None or self._staging.nbytes < nbytes):
+        direct = self._direct and nbytes >= self.cma_min_bytes
+        if nbytes and not direct and (self._staging is None or self._staging.nbytes < nbytes):
             old = self._staging
             size = max(nbytes, 2 * old.nbytes if old else 0)
             self._staging = self._new_data_segment(-(-size // GROW_QUANTUM) * GROW_QUANTUM)
@@ -438,7 +458,7 @@ class ShmTransport(Transport):
         if not nbytes or self.owns(flat):
             yield flat
             return
-        self._shadow = (_address(flat), nbytes)
+        self._shadow = (_address(flat), nbytes, direct)
         try:
             yield flat
         finally:
@@ -453,11 +473,11 @@ class ShmTransport(Transport):
         found = self._locate(addr, nbytes)
         if found is not None or self._shadow is None:
             return found
-        base, total = self._shadow
+        base, total, direct = self._shadow
         off = addr - base
         if not (0 <= off and off + nbytes <= total):
             return None
-        if self._direct:
+        if direct:
             return CMA, addr
         self._staging.data[off:off + nbytes] = _bytes(buf)
         return self._staging.seg_id, off

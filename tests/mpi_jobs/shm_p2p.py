@@ -69,6 +69,18 @@ if t.direct_reads == "cma":   # peers read the array itself: the staging segment
 else:
     assert t._staging.nbytes >= plain.nbytes, t._staging.nbytes
 
+# 3b. Below the CMA floor a collective stages even where CMA works (a cache-sized copy beats
+#     pinning pages): the staging segment grows to shadow it. Every rank sets the same floor.
+if t.direct_reads == "cma":
+    t.cma_min_bytes = plain.nbytes + 8
+    got = np.zeros(half)
+    with t.stage(plain) as w:
+        r, s = t.irecv(got, left, 14), t.isend(w[:half], right, 14)
+        assert r.wait(30) and s.wait(30)
+    assert t._staging.nbytes >= plain.nbytes, t._staging.nbytes
+    assert np.array_equal(got, plain[:half] - rank + left)
+    t.cma_min_bytes = 0
+
 # 4. A buffer outside shared memory falls back to MPI, reduce included.
 outside, into = np.full(1000, float(rank)), np.ones(1000)
 r, s = t.irecv_reduce(into, left, 9, add, np.empty(1000)), t.isend(outside, right, 9)
