@@ -71,7 +71,7 @@ from ..errors import CommError, CommTimeoutError, MismatchError, PeerAbortedErro
 from .base import Request, Transport
 from .mpi import wait_polling
 from ..tuning import parse_size
-from .window import Window, region_bytes
+from .window import Window, region_bytes, spin_for
 
 SLOTS = 256                       # descriptors in flight per ordered pair before sends queue
 PUB, ACK, TAG, ORD, SEG, OFF, NBYTES = range(7)
@@ -274,8 +274,8 @@ class ShmTransport(Transport):
         # The window (one-shot collectives) lives after the rings. Its ranks are node ranks, so it
         # is offered only when this node holds the whole job in rank order.
         whole_job = self.ranks == list(range(world_size))
-        self.window = Window(self.me, [v[words * 8:] for v in ctrl[1]], aborted=self.aborted_reason) \
-            if whole_job else None
+        self.window = Window(self.me, [v[words * 8:] for v in ctrl[1]], aborted=self.aborted_reason,
+                             spin=spin_for(self.n)) if whole_job else None
         # The CMA probe goes into the header now: the handshakes of the segment setup below
         # make every peer's visible before anyone test-reads it.
         self._probe = np.array([secrets.randbits(62)], np.int64)   # private memory, kept alive
