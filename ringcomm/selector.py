@@ -245,6 +245,11 @@ def describe(choice: Choice) -> str:
         for label, link in (("intra-node", net.intra), ("inter-node", net.inter)):
             lines.append(f"  {label} link: alpha {link.alpha * 1e6:.2f} us, "
                          f"{1 / link.beta / 1e9:.2f} GB/s, reduce {1 / link.gamma / 1e9:.2f} GB/s")
+        if net.window is not None:
+            lines.append(f"  shared window: alpha {net.window.alpha * 1e6:.2f} us per round, "
+                         f"{1 / net.window.beta / 1e9:.2f} GB/s, {net.window_bytes >> 10} KiB per rank and round")
+        else:
+            lines.append("  shared window: none (one_shot cannot run)")
     head = f"  {'algorithm':<20}{'predicted':>14}" + (f"{'measured':>14}" if choice.measured else "")
     lines.append(head)
     for name, seconds in sorted(choice.predicted.items(), key=lambda kv: kv[1]):

@@ -28,13 +28,19 @@ def no_shm_leaks():
     assert shm_entries() == before, "shared-memory segments left behind in /dev/shm"
 
 
+# 100,000 float32 go through the ring (messages with envelopes); 100 through the one-shot window
+# (no messages: the slots' stamps, and peers reading them, must catch the same faults).
+COUNTS = pytest.mark.parametrize("count", [100_000, 100], ids=["ring", "one-shot"])
+
+
+@COUNTS
 @pytest.mark.parametrize("detail", [False, True], ids=["default", "debug-detail"])
 @pytest.mark.parametrize("scenario,field", [("extra", "count"), ("dtype", "dtype"), ("skip", "collective")])
-def test_mismatch_raises_on_every_rank_within_seconds(scenario, field, detail, tmp_path):
+def test_mismatch_raises_on_every_rank_within_seconds(scenario, field, detail, count, tmp_path):
     env = {"RINGCOMM_TIMEOUT": "20", "FAULTS_OUT": str(tmp_path)}
     if detail:
         env["RINGCOMM_DEBUG"] = "detail"
-    run_mpi(3, "faults.py", scenario, 100_000, env=env)
+    run_mpi(3, "faults.py", scenario, count, env=env)
     seen = outcomes(tmp_path)
     assert sorted(seen) == [0, 1, 2]
     for rank, (took, kind, msg) in seen.items():
@@ -46,8 +52,9 @@ def test_mismatch_raises_on_every_rank_within_seconds(scenario, field, detail, t
         assert all(kind == "MismatchError" and "ranks [1]" in msg for _, kind, msg in seen.values())
 
 
-def test_absent_rank_makes_the_others_time_out_naming_it(tmp_path):
-    proc = run_mpi(3, "faults.py", "absent", env={"RINGCOMM_TIMEOUT": "2", "FAULTS_OUT": str(tmp_path)})
+@COUNTS
+def test_absent_rank_makes_the_others_time_out_naming_it(count, tmp_path):
+    proc = run_mpi(3, "faults.py", "absent", count, env={"RINGCOMM_TIMEOUT": "2", "FAULTS_OUT": str(tmp_path)})
     seen = outcomes(tmp_path)
     assert seen[1][1] == "ok"
     for rank in (0, 2):
