@@ -10,9 +10,9 @@ Rank r owns one uint8 region (in shared memory, or an in-process array), laid ou
 
 Round k uses slot k % 2: the owner writes the payload, then STAMP (whatever the algorithm says
 identifies the call: the collective's envelope tag and its exact count, so ranks in different
-collectives notice instead of reading each other's bytes), then ROUND = k. Plain stores become visible in program
-order on x86 (see shm.py for the argument and the guard on other CPUs). A reader waits until every
-rank's ROUND >= k and then reads the slots.
+collectives notice instead of reading each other's bytes), then ROUND = k. Plain stores become
+visible in program order on x86 (see shm.py for the argument and the guard on other CPUs). A
+reader waits until every rank's ROUND >= k and then reads the slots.
 
 Why two slots need no acknowledgement: rank r writes slot k % 2 again in round k + 2, after it
 finished round k + 1, which needed every peer's ROUND >= k + 1, which each peer posts only after
