@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import math
 import os
+import socket
 import sys
 from typing import Optional
 
 from .backends import NAMES, communicator_class
 from .communicator import DEFAULT_TIMEOUT, Communicator
 from .errors import UsageError, bad_type, bad_value
+from .transport import polling
 
 
 def init(backend: Optional[str] = None, *, timeout: Optional[float] = None) -> Communicator:
@@ -30,6 +32,10 @@ def init(backend: Optional[str] = None, *, timeout: Optional[float] = None) -> C
     from .topology import discover
     world = MPI.COMM_WORLD.Dup()
     topology = discover(world)
+    # How long waits poll before sleeping depends on how many ranks share this machine's cores
+    # (the real host: pretend nodes from RINGCOMM_NODE_ID still share it).
+    host = socket.gethostname()
+    polling.set_ranks_here(sum(h == host for h in world.allgather(host)))
     try:
         if backend != "ringcomm":
             return communicator_class(backend)(world, topology, timeout=timeout)

@@ -13,7 +13,7 @@ import datetime
 import torch.distributed as dist
 
 from ..errors import CommError, CommTimeoutError
-from ..transport.mpi import wait_polling
+from ..transport.polling import wait_polling
 from . import c10d
 from .reference import ReferenceCommunicator
 

@@ -15,7 +15,7 @@ import datetime
 import torch
 
 from ..errors import CommError, CommTimeoutError, UsageError
-from ..transport.mpi import wait_polling
+from ..transport.polling import wait_polling
 from . import c10d
 from .reference import ReferenceCommunicator
 

@@ -2,12 +2,7 @@
 
 No pickling: the buffer protocol hands MPI the array's address. Waits poll ``Test`` so that they
 can honour a deadline: spin briefly (a message is often already there), then back off with short
-sleeps so that an oversubscribed node (4 ranks on 2 cores) still lets the sender run.
-
-Polling with sched_yield instead of sleeping was tried: on an idle machine it cut a 1 KiB ring
-all-reduce from 277 to 124 us (2 ranks), but with the machine loaded by other jobs it was 2-3x
-slower than sleeping (a yielding process stays runnable and takes the CPU its peer needs, while a
-sleeper leaves the run queue), so waits sleep.
+sleeps so that an oversubscribed node (4 ranks on 2 cores) still lets the sender run (polling.py).
 
 Thread safety: requests are created and tested by whichever thread runs the collective (the
 caller or the communicator's progress thread); ringcomm.init() asks MPI for
@@ -15,38 +10,15 @@ MPI_THREAD_MULTIPLE so that the application may use MPI from its own threads mea
 """
 from __future__ import annotations
 
-import time
 from typing import Optional
 
 import numpy as np
 
-from ..errors import MismatchError, PeerAbortedError, UsageError
+from ..errors import MismatchError, UsageError
 from .base import Request, Transport
+from .polling import wait_polling
 
-SPIN_SECONDS = 50e-6
-MAX_SLEEP = 1e-3
-
-
-def wait_polling(test, timeout: Optional[float], aborted=lambda: None) -> bool:
-    """Poll ``test()`` until True (-> True) or ``timeout`` passes (-> False): spin, then sleep."""
-    if test():
-        return True
-    start = time.monotonic()
-    spin_until = start + SPIN_SECONDS
-    deadline = None if timeout is None else start + timeout
-    nap = 10e-6
-    while True:
-        now = time.monotonic()
-        if now >= spin_until:
-            reason = aborted()
-            if reason is not None:
-                raise PeerAbortedError(reason)
-            if deadline is not None and now >= deadline:
-                return False
-            time.sleep(nap)
-            nap = min(nap * 2, MAX_SLEEP)
-        if test():
-            return True
+__all__ = ["MPIRequest", "MPIRecvRequest", "MPITransport", "wait_polling"]
 
 
 class MPIRequest(Request):

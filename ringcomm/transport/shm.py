@@ -68,10 +68,10 @@ from typing import Optional
 import numpy as np
 
 from ..errors import CommError, CommTimeoutError, MismatchError, PeerAbortedError
-from .base import Request, Transport
-from .mpi import wait_polling
 from ..tuning import parse_size
-from .window import Window, region_bytes, spin_for
+from .base import Request, Transport
+from .polling import spin_for, wait_polling
+from .window import Window, region_bytes
 
 SLOTS = 256                       # descriptors in flight per ordered pair before sends queue
 PUB, ACK, TAG, ORD, SEG, OFF, NBYTES = range(7)

@@ -21,32 +21,17 @@ flag store and n - 1 flag loads per round, nothing else.
 """
 from __future__ import annotations
 
-import os
 import time
 from typing import Callable, Optional
 
 import numpy as np
 
 from ..errors import PeerAbortedError
+from .polling import MAX_SLEEP, SPIN_SHARED
 
 CAPACITY = 64 << 10   # payload bytes per rank per round: a few L2 lines' worth per peer
 LINE = 64
-# How long a wait polls before it sleeps. A sleep here lasts ~80 us however short it is asked to
-# be (timer slack), ten times a whole round, so ranks with cores of their own poll for a while
-# (2 ranks, 1 KiB: 6.5-6.7 us per call with 1-5 ms of polling, 6.4-7.8 us with 50 us); ranks
-# that share cores poll briefly, or they would take the CPU from the peer they wait for.
-SPIN_SECONDS = 50e-6
-SPIN_DEDICATED = 2e-3
-MAX_SLEEP = 1e-3
-
-
-def spin_for(ranks_here: int) -> float:
-    """The polling budget for ``ranks_here`` ranks sharing this machine's cores."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):   # not Linux
-        cores = os.cpu_count() or 1
-    return SPIN_DEDICATED if ranks_here <= cores else SPIN_SECONDS
+SPIN_SECONDS = SPIN_SHARED   # a window's default budget; shm passes spin_for(its node)
 
 
 def _words(region: np.ndarray) -> memoryview:
@@ -61,8 +46,9 @@ class Window:
     """``regions[r]`` is rank r's region as this process sees it (``region_bytes`` long).
 
     ``aborted(peer)`` returns why the job or that peer gave up, or None. ``spin`` is how long a
-    wait polls before it starts sleeping: processes on their own cores spin, threads of one
-    process (which would only hold the GIL their peers need) give the CPU up at once.
+    wait polls before it starts sleeping (polling.py): processes on cores of their own poll for
+    a while, threads of one process (which would only hold the GIL their peers need) give the
+    CPU up at once.
     """
 
     def __init__(self, rank: int, regions: list, *, capacity: int = CAPACITY,
