@@ -48,8 +48,9 @@ rank creates its file, the node synchronises, every rank maps every peer's file,
 synchronises again and each owner unlinks its file. After that the mappings keep the memory
 alive and /dev/shm holds nothing of ringcomm's, so even SIGKILL leaks nothing.
 
-Waits spin for ~50 us and then sleep with exponential backoff (to 1 ms), so 4 ranks on 2 cores
-still make progress; every wait honours its timeout. A send whose buffer is neither in a
+Waits poll (2 ms when every rank has a core, 50 us when ranks share cores; polling.py) and then
+sleep with exponential backoff (to 1 ms), so 4 ranks on 2 cores still make progress; every wait
+honours its timeout. A send whose buffer is neither in a
 segment nor in the staged array (rare: the executor only sends from the staged work array)
 publishes a descriptor marked "payload over MPI" and goes over the node communicator instead.
 """
