@@ -21,13 +21,11 @@ flag store and n - 1 flag loads per round, nothing else.
 """
 from __future__ import annotations
 
-import time
 from typing import Callable, Optional
 
 import numpy as np
 
-from ..errors import PeerAbortedError
-from .polling import MAX_SLEEP, SPIN_SHARED
+from .polling import SPIN_SHARED, wait_polling
 
 CAPACITY = 64 << 10   # payload bytes per rank per round: a few L2 lines' worth per peer
 LINE = 64
@@ -114,21 +112,11 @@ class Window:
     def wait(self, k: int, timeout: float) -> Optional[int]:
         """Wait up to ``timeout`` seconds for every rank to post round ``k``: None once they all
         have, else the peer still missing. Raises PeerAbortedError if that peer gave up."""
-        peer = self.lagging(k)
-        if peer is None:
+        if wait_polling(lambda: self.lagging(k) is None, timeout, lambda: self._gave_up(k), spin=self._spin):
             return None
-        now = time.monotonic()
-        spin_until, deadline, nap = now + self._spin, now + timeout, 10e-6
-        while True:
-            peer = self.lagging(k)
-            if peer is None:
-                return None
-            now = time.monotonic()
-            if now >= spin_until:
-                reason = self._aborted(peer)
-                if reason is not None:
-                    raise PeerAbortedError(reason)
-                if now >= deadline:
-                    return peer
-                time.sleep(nap)
-                nap = min(nap * 2, MAX_SLEEP)
+        return self.lagging(k)
+
+    def _gave_up(self, k: int) -> Optional[str]:
+        """Why the peer this round waits for gave up, if it did."""
+        peer = self.lagging(k)
+        return None if peer is None else self._aborted(peer)
