@@ -19,7 +19,7 @@ import numpy as np
 
 from . import algorithms, executor, preflight
 from .buffers import Buffer, address, as_buffer, check_pair
-from .envelope import ABORT_TAG, SEQ_MOD, Envelope, static_bits
+from .envelope import ABORT_TAG, Envelope, static_bits, window_stamp
 from .errors import CommError, CommTimeoutError, PeerAbortedError, UsageError, bad_type, bad_value
 from .flight_recorder import FlightRecorder
 from .ops import ReduceOp, combiner, divide_by_size, parse_op, reducer
@@ -260,10 +260,8 @@ class Communicator:
         if one_shot is not None:
             if program:   # more than one rank and something to reduce
                 started = self._entry.started   # the deadline counts from the start of the call
-                # The stamp is the envelope's tag plus the exact count: ranks whose counts differ
-                # by a multiple of 1024 must not read past what a peer wrote.
                 one_shot.run(self.transport.window, work, reduce, combine,
-                             work.size << 32 | (seq % SEQ_MOD) << 18 | static,
+                             window_stamp(seq, static, work.size),
                              lambda: executor.WindowGuard(
                                  self.transport, Envelope(seq, name, dname, work.size), self.timeout,
                                  f"{name} #{seq} ({chosen}, {work.size} x {dname})", started, work.size))
@@ -303,9 +301,7 @@ class Communicator:
                                 f"failure: {self._broken}") from self._broken
             seq = self._seq
             self._seq += 1
-            buf = call.buf
-            entry = self.recorder.record(seq, call.name, 0 if buf is None else buf.flat.size,
-                                         None if buf is None else buf.dtype.name)
+            entry = self.recorder.record(seq, call.name, call.count, call.dtype)
             inline = not async_op and self._outstanding == 0
             self._outstanding += 1
             if not inline:

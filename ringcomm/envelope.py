@@ -30,6 +30,7 @@ FINGERPRINT_TAG = CONTROL | 8  # RINGCOMM_DEBUG=detail / CHECK_FINITE pre-flight
 PINGPONG_TAG = CONTROL | 12    # ringcomm.tune's point-to-point timings
 SEQ_MOD = 1024
 COUNT_MOD = 1024
+STAMP_COUNT_SHIFT = 32   # a one-shot window stamp: the exact count above the 29-bit tag
 
 
 @lru_cache(maxsize=4096)
@@ -81,6 +82,17 @@ class Envelope:
             diffs.append(f"count: expected {self.count} (= {self.count % COUNT_MOD} mod {COUNT_MOD}), "
                          f"received {count} mod {COUNT_MOD}")
         return f"rank {peer} differs in " + "; ".join(diffs) if diffs else None
+
+
+def window_stamp(seq: int, static: int, count: int) -> int:
+    """What a one-shot round writes beside its slot: the call's tag (sequence and ``static``
+    bits) and its exact count, so ranks whose counts agree mod 1024 still disagree here."""
+    return count << STAMP_COUNT_SHIFT | (seq % SEQ_MOD) << 18 | static
+
+
+def stamp_parts(stamp: int) -> tuple:
+    """(tag, exact count) of a window stamp."""
+    return stamp & ((1 << STAMP_COUNT_SHIFT) - 1), stamp >> STAMP_COUNT_SHIFT
 
 
 class ControlEnvelope(Envelope):

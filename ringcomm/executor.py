@@ -16,7 +16,7 @@ from typing import Optional
 
 import numpy as np
 
-from .envelope import ABORT_TAG, Envelope
+from .envelope import ABORT_TAG, Envelope, stamp_parts
 from .errors import CommTimeoutError, MismatchError, PeerAbortedError
 from .schedule import Recv, RecvReduce, Send, lanes_of, sends_first
 from .transport.base import Reducer, Transport
@@ -130,7 +130,7 @@ class _Watch:
         window = transport.window
         stamp = None if window is None else window.ahead(peer)
         if stamp is not None:
-            reason = self.envelope.describe_mismatch(stamp & 0xFFFFFFFF, peer)
+            reason = self.envelope.describe_mismatch(stamp_parts(stamp)[0], peer)
             if reason:
                 raise MismatchError(f"{self.what} on rank {transport.rank}: {reason}")
 
@@ -202,8 +202,9 @@ class WindowGuard:
         self.watch.stalled(Recv(peer, 0, self.count), piece, pieces)
 
     def mismatch(self, peer: int, stamp: int) -> None:
-        """``stamp`` is the peer's envelope tag in the low 32 bits and its exact count above."""
-        reason = self.envelope.describe_mismatch(stamp & 0xFFFFFFFF, peer)
-        if reason is None and stamp >> 32 != self.count:
-            reason = f"rank {peer} differs in count: expected {self.count}, received {stamp >> 32}"
+        """``stamp`` is the peer's window stamp (envelope.window_stamp)."""
+        tag, count = stamp_parts(stamp)
+        reason = self.envelope.describe_mismatch(tag, peer)
+        if reason is None and count != self.count:
+            reason = f"rank {peer} differs in count: expected {self.count}, received {count}"
         raise MismatchError(f"{self.what} on rank {self.rank}: {reason or f'rank {peer} posted stamp {stamp:#x}'}")

@@ -194,13 +194,6 @@ class Selector:
             choice.algorithm, choice.reason = decide(predicted, measured)
         return choice
 
-    def explain_call(self, collective: str, nbytes: int, size: int, *, dtype: str = "float32",
-                     nodes=None, transport=None) -> Choice:
-        """``explain`` for a call on a live transport (its routes and window)."""
-        routes, window_bytes = self._shape_of(transport, nodes)
-        return self.explain(collective, nbytes, size, dtype=dtype, nodes=nodes, routes=routes,
-                            window_bytes=window_bytes)
-
     def _shape_of(self, transport, nodes) -> tuple:
         """(routes, window bytes) of a transport: routes_of and its window, remembered per
         (transport, node map) since routes_of walks every peer."""
