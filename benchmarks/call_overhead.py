@@ -22,11 +22,11 @@ import timeit
 import numpy as np
 
 from ringcomm import algorithms, executor
-from ringcomm.buffers import as_buffer
-from ringcomm.envelope import Envelope
+from ringcomm.core.buffers import as_buffer
+from ringcomm.core.envelope import Envelope
 from ringcomm.communicator import Communicator
-from ringcomm.ops import ReduceOp, combiner, reducer
-from ringcomm.schedule import DEFAULT_SEGMENT_BYTES
+from ringcomm.core.ops import ReduceOp, combiner, reducer
+from ringcomm.core.schedule import DEFAULT_SEGMENT_BYTES
 from ringcomm.transport.base import DoneRequest, Transport
 from ringcomm.transport.window import Window, region_bytes
 

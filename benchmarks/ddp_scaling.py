@@ -65,7 +65,7 @@ def wrap(impl: str, net, world):
         import ringcomm
         init_pg = getattr(ringcomm, "init_process_group", None)
         if init_pg is None:
-            from ringcomm.torch_backend import init_process_group as init_pg
+            from ringcomm.integrations.torch_backend import init_process_group as init_pg
         init_pg()
     return torch.nn.parallel.DistributedDataParallel(net), lambda t: dist.all_reduce(t)
 

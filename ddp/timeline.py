@@ -14,6 +14,8 @@ import threading
 import time
 from typing import Optional
 
+from ringcomm import env
+
 COMPUTE, COMM, EVENTS = 0, 1, 2
 _TRACKS = {COMPUTE: "compute", COMM: "comm", EVENTS: "bucket events"}
 
@@ -25,7 +27,7 @@ def rank_path(path: str, rank: int) -> str:
 
 
 def from_env(rank: int) -> Optional["Timeline"]:
-    path = os.environ.get("RINGCOMM_TIMELINE")
+    path = env.get("RINGCOMM_TIMELINE")
     return Timeline(rank_path(path, rank), rank) if path else None
 
 

@@ -1,10 +1,18 @@
 """ringcomm: hand-written collective communication for data-parallel training."""
 from . import algorithms
 from .communicator import Communicator
+from .core.ops import ReduceOp
+from .errors import (
+    ArgumentTypeError,
+    CommError,
+    CommTimeoutError,
+    MismatchError,
+    NonFiniteError,
+    PeerAbortedError,
+    RingcommError,
+    UsageError,
+)
 from .init import init
-from .errors import (ArgumentTypeError, CommError, CommTimeoutError, MismatchError, NonFiniteError, PeerAbortedError,
-                     RingcommError, UsageError)
-from .ops import ReduceOp
 from .work import Work
 
 __all__ = [
@@ -18,6 +26,6 @@ __version__ = "0.1.0"
 def __getattr__(name):
     # torch.distributed is imported only by those who ask for it: numpy-only jobs skip its seconds.
     if name == "init_process_group":
-        from .torch_backend import init_process_group
+        from .integrations.torch_backend import init_process_group
         return init_process_group
     raise AttributeError(f"module 'ringcomm' has no attribute {name!r}")

@@ -10,21 +10,29 @@ from __future__ import annotations
 
 import collections
 import logging
-import os
 import threading
 import time
 from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 
-from . import algorithms, executor, preflight
-from .buffers import Buffer, address, as_buffer, check_pair
-from .envelope import ABORT_TAG, Envelope, static_bits, window_stamp
-from .errors import CommError, CommTimeoutError, PeerAbortedError, UsageError, bad_type, bad_value
-from .flight_recorder import FlightRecorder
-from .ops import ReduceOp, combiner, divide_by_size, parse_op, reducer
-from .schedule import DEFAULT_SEGMENT_BYTES, chunk
-from .selector import Selector
+from . import algorithms, env
+from .core import executor
+from .core.buffers import Buffer, address, as_buffer, check_pair
+from .core.envelope import ABORT_TAG, Envelope, static_bits, window_stamp
+from .core.ops import ReduceOp, combiner, divide_by_size, parse_op, reducer
+from .core.schedule import DEFAULT_SEGMENT_BYTES, chunk
+from .diagnostics import preflight
+from .diagnostics.flight_recorder import FlightRecorder
+from .errors import (
+    CommError,
+    CommTimeoutError,
+    PeerAbortedError,
+    UsageError,
+    bad_type,
+    bad_value,
+)
+from .selection.selector import Selector
 from .transport.base import Transport
 from .work import Work
 
@@ -89,8 +97,8 @@ class Communicator:
         self._entry = None                 # flight-recorder entry of the running collective
         self._plans: dict = {}            # call shape -> what _plan worked out for it
         self._plans_for = self.selector
-        self.debug = os.environ.get("RINGCOMM_DEBUG", "").lower()
-        self.check_finite = os.environ.get("RINGCOMM_CHECK_FINITE", "") not in ("", "0")
+        self.debug = env.get("RINGCOMM_DEBUG")
+        self.check_finite = env.get("RINGCOMM_CHECK_FINITE")
         self._preflight_on = self.debug == "detail" or self.check_finite
         for collective, forced in self.selector.forced.items():
             if algorithms.needs_window(collective, forced) and transport.window is None:
@@ -273,8 +281,8 @@ class Communicator:
         if type(self.transport).stage is Transport.stage:   # nothing to stage: skip the ~1 us context
             executor.run(program, self.transport, work, reduce, envelope=envelope, timeout=self.timeout, what=what)
             return
-        with self.transport.stage(work) as staged:
-            executor.run(program, self.transport, staged, reduce, envelope=envelope, timeout=self.timeout, what=what)
+        with self.transport.stage((work,)):
+            executor.run(program, self.transport, work, reduce, envelope=envelope, timeout=self.timeout, what=what)
 
     def _plan(self, key: tuple, itemsize: int) -> _Plan:
         name, forced, count, dtype, op, root, host = key

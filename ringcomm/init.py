@@ -8,11 +8,11 @@ when the caller does not, so one training script compares backends without edits
 from __future__ import annotations
 
 import math
-import os
 import socket
 import sys
 from typing import Optional
 
+from . import env
 from .backends import NAMES, communicator_class
 from .communicator import DEFAULT_TIMEOUT, Communicator
 from .errors import UsageError, bad_type, bad_value
@@ -26,6 +26,7 @@ def init(backend: Optional[str] = None, *, timeout: Optional[float] = None) -> C
     and MPI between nodes), "mpi", "gloo" or "nccl". ``timeout``: seconds any one collective may
     take before it raises CommTimeoutError (default ``RINGCOMM_TIMEOUT`` or 300).
     """
+    env.check_all()
     backend = _backend(backend)
     timeout = _timeout(timeout)
     MPI = _mpi()
@@ -40,7 +41,7 @@ def init(backend: Optional[str] = None, *, timeout: Optional[float] = None) -> C
         if backend != "ringcomm":
             return communicator_class(backend)(world, topology, timeout=timeout)
         from .transport import factory
-        return Communicator(factory.build(world, topology), timeout=timeout, local_rank=topology.local_rank,
+        return Communicator(factory.build(world, topology, timeout), timeout=timeout, local_rank=topology.local_rank,
                             local_size=topology.local_size, node_count=topology.node_count,
                             topology=topology)
     except BaseException:
@@ -49,31 +50,22 @@ def init(backend: Optional[str] = None, *, timeout: Optional[float] = None) -> C
 
 
 def _backend(backend) -> str:
-    source = "backend"
     if backend is None:
-        backend, source = os.environ.get("RINGCOMM_BACKEND") or "ringcomm", "RINGCOMM_BACKEND"
+        return env.get("RINGCOMM_BACKEND") or "ringcomm"
     if not isinstance(backend, str):
         raise bad_type("init", "backend", "a str or None", type(backend).__name__)
     if backend.lower() not in NAMES:
-        raise bad_value("init", source, f"one of {', '.join(NAMES)}", backend)
+        raise bad_value("init", "backend", f"one of {', '.join(NAMES)}", backend)
     return backend.lower()
 
 
 def _timeout(timeout) -> float:
-    source = "timeout"
     if timeout is None:
-        text = os.environ.get("RINGCOMM_TIMEOUT")
-        if not text:
-            return DEFAULT_TIMEOUT
-        source = "RINGCOMM_TIMEOUT"
-        try:
-            timeout = float(text)
-        except ValueError:
-            raise bad_value("init", source, "a number of seconds", text) from None
+        return env.get("RINGCOMM_TIMEOUT") or DEFAULT_TIMEOUT
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
         raise bad_type("init", "timeout", "a number of seconds or None", type(timeout).__name__)
     if not (timeout > 0 and math.isfinite(timeout)):
-        raise bad_value("init", source, "a finite number of seconds > 0", timeout)
+        raise bad_value("init", "timeout", "a finite number of seconds > 0", timeout)
     return float(timeout)
 
 

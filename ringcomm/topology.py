@@ -6,9 +6,10 @@ between real ones).
 """
 from __future__ import annotations
 
-import os
 import socket
 from dataclasses import dataclass
+
+from . import env
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ class Topology:
 
 
 def node_name() -> str:
-    return os.environ.get("RINGCOMM_NODE_ID") or socket.gethostname()
+    return env.get("RINGCOMM_NODE_ID") or socket.gethostname()
 
 
 def discover(mpi_comm) -> Topology:

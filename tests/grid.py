@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ringcomm.ops import bf16_to_f32
+from ringcomm.core.ops import bf16_to_f32
 
 SIZES = list(range(1, 17))
 DTYPES = ["float16", "bfloat16", "float32", "float64", "int32", "int64", "uint8"]

@@ -11,8 +11,8 @@ from mpi_util import run_mpi
 from ringcomm import algorithms
 from ringcomm.algorithms.hierarchical import node_groups
 from ringcomm.communicator import Communicator
-from ringcomm.cost import Link, Network
-from ringcomm.schedule import RecvReduce, Send, verify
+from ringcomm.selection.cost import Link, Network
+from ringcomm.core.schedule import RecvReduce, Send, verify
 from ringcomm.topology import Topology
 from ringcomm.transport.threads import ThreadsTransport, ThreadsWorld
 
@@ -117,7 +117,7 @@ def test_cost_prices_each_phase_on_its_own_link():
 
 
 def test_on_one_node_it_states_the_ring_cost_and_ring_wins_the_tie():
-    from ringcomm.selector import Selector
+    from ringcomm.selection.selector import Selector
     sel = Selector()
     for nbytes in (1 << 10, 1 << 24):
         choice = sel.explain("all_reduce", nbytes, 4, nodes=(0, 0, 0, 0))

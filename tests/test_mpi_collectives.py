@@ -49,11 +49,11 @@ def test_async_collectives_in_flight_and_init_choices(tmp_path, n):
 def test_unknown_backend_is_a_usage_error_naming_the_valid_ones(monkeypatch):
     with pytest.raises(ringcomm.UsageError, match="ringcomm, mpi, gloo, nccl.*'bogus'"):
         ringcomm.init("bogus")
+    with pytest.raises(ringcomm.ArgumentTypeError, match="backend"):
+        ringcomm.init(3)
     monkeypatch.setenv("RINGCOMM_BACKEND", "bogus")
     with pytest.raises(ringcomm.UsageError, match="RINGCOMM_BACKEND"):
         ringcomm.init()
-    with pytest.raises(ringcomm.ArgumentTypeError, match="backend"):
-        ringcomm.init(3)
 
 
 @pytest.mark.parametrize("value", ["abc", "0", "-5", "inf"])

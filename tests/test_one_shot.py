@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from ringcomm import Communicator, MismatchError, PeerAbortedError, UsageError, algorithms
-from ringcomm.cost import DEFAULT_LINK, Network
-from ringcomm.selector import Selector
+from ringcomm.selection.cost import DEFAULT_LINK, Network
+from ringcomm.selection.selector import Selector
 from ringcomm.testing import run_threads
 from ringcomm.transport.threads import ThreadsTransport, ThreadsWorld
 from ringcomm.transport.window import CAPACITY, Window, region_bytes

@@ -2,7 +2,7 @@
 import numpy as np
 import torch
 
-from ringcomm.ops import DTYPES, ReduceOp, bf16_to_f32, divide_by_size, f32_to_bf16, reducer
+from ringcomm.core.ops import DTYPES, ReduceOp, bf16_to_f32, divide_by_size, f32_to_bf16, reducer
 
 
 def test_bf16_rounding_matches_torch_including_specials():

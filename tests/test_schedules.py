@@ -2,7 +2,7 @@
 import pytest
 
 from ringcomm import algorithms
-from ringcomm.schedule import Recv, RecvReduce, ScheduleError, Send, verify
+from ringcomm.core.schedule import Recv, RecvReduce, ScheduleError, Send, verify
 
 SIZES = range(1, 17)
 GATHERING = ("all_gather", "reduce_scatter")   # their count is size x the per-rank count
@@ -49,7 +49,7 @@ def test_ring_moves_the_bandwidth_optimal_volume(size):
 
 @pytest.mark.parametrize("name", algorithms.names("all_reduce"))
 def test_every_all_reduce_algorithm_has_a_cost_that_grows_with_size(name):
-    from ringcomm.cost import DEFAULT_LINK, Network
+    from ringcomm.selection.cost import DEFAULT_LINK, Network
     algo = algorithms.get("all_reduce", name)
     link = Network(DEFAULT_LINK, DEFAULT_LINK, (8,), window=DEFAULT_LINK, window_bytes=64 << 10) \
         if algorithms.needs_window("all_reduce", name) else DEFAULT_LINK
@@ -59,7 +59,7 @@ def test_every_all_reduce_algorithm_has_a_cost_that_grows_with_size(name):
 def test_one_shot_is_priced_only_where_ranks_share_a_window():
     import math
 
-    from ringcomm.cost import DEFAULT_LINK, Network
+    from ringcomm.selection.cost import DEFAULT_LINK, Network
     one_shot = algorithms.get("all_reduce", "one_shot")
     window = Network(DEFAULT_LINK, DEFAULT_LINK, (4,), window=DEFAULT_LINK, window_bytes=1024)
     assert math.isinf(one_shot.cost(1024, 4, Network(DEFAULT_LINK, DEFAULT_LINK, (4,))))

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from ringcomm import UsageError, algorithms
-from ringcomm.cost import Link, Network
-from ringcomm.selector import Selector, parse_forced, predict
+from ringcomm.selection.cost import Link, Network
+from ringcomm.selection.selector import Selector, parse_forced, predict
 from ringcomm.testing import run_threads
-from ringcomm.tuning import DEFAULT_TUNING, Sweep, Tuning, load_tuning, parse_size, save_tuning
+from ringcomm.selection.tuning import DEFAULT_TUNING, Sweep, Tuning, load_tuning, parse_size, save_tuning
 
 SIZES = [8 << (2 * k) for k in range(13)]       # 8 B .. 128 MiB
 SHAPES = [(2, None), (4, None), (16, None), (7, None), (8, (0, 0, 0, 0, 1, 1, 1, 1)),
@@ -59,7 +59,7 @@ class _Routed:
 
 
 def test_routes_are_read_from_a_routed_transport_peer_by_peer():
-    from ringcomm.selector import routes_of
+    from ringcomm.selection.selector import routes_of
     shm, mpi = _Named("shm"), _Named("mpi")
     nodes = (0, 0, 1, 1)
     routed = _Routed(0, {1: shm, 2: mpi, 3: mpi})
@@ -191,7 +191,7 @@ def test_init_loads_the_tuning_file_from_the_environment(tmp_path, monkeypatch):
 
 
 def test_one_spoiled_size_cannot_flip_the_measured_choice():
-    from ringcomm.tuning import running_median
+    from ringcomm.selection.tuning import running_median
     sizes = tuple(8 << k for k in range(7))
     spike = Sweep("all_reduce", (2,), ("mpi", "mpi"), "float32", sizes,
                   {"ring": (9.0,) * 7, "recursive_doubling": (1.0, 1.0, 1.0, 50.0, 1.0, 1.0, 1.0)})
@@ -200,7 +200,7 @@ def test_one_spoiled_size_cannot_flip_the_measured_choice():
 
 
 def test_a_measurement_overrules_the_model_only_by_a_clear_margin():
-    from ringcomm.selector import decide
+    from ringcomm.selection.selector import decide
     predicted = {"ring": 1.0, "tree": 2.0}
     assert decide(predicted, {})[0] == "ring"
     assert decide(predicted, {"ring": 1.05, "tree": 1.0})[0] == "ring"     # within 10%: noise
@@ -254,7 +254,7 @@ def test_flat_algorithms_see_the_slowest_link_and_shared_nics():
 
 
 def test_explain_cli_prints_every_candidate_and_the_choice(capsys):
-    from ringcomm.explain import main
+    from ringcomm.selection.explain import main
     assert main(["--collective", "all_reduce", "--size", "1M", "--ranks", "16", "--ranks-per-node", "8"]) == 0
     out = capsys.readouterr().out
     for name in algorithms.names("all_reduce"):
@@ -264,7 +264,7 @@ def test_explain_cli_prints_every_candidate_and_the_choice(capsys):
 
 
 def test_simulate_cli_prints_crossovers_up_to_4096_ranks(capsys, tmp_path):
-    from ringcomm.simulate import main
+    from ringcomm.selection.simulate import main
     assert main(["--sizes", "1K,64M"]) == 0
     out = capsys.readouterr().out
     assert "4096 ranks" in out and "crossovers" in out and "hierarchical" in out

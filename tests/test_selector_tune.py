@@ -3,8 +3,8 @@
 import pytest
 
 from mpi_util import run_mpi
-from ringcomm.selector import Selector
-from ringcomm.tuning import load_tuning
+from ringcomm.selection.selector import Selector
+from ringcomm.selection.tuning import load_tuning
 
 
 @pytest.mark.mpi
@@ -31,7 +31,7 @@ def test_tune_writes_a_loadable_file_and_keeps_other_shapes(tmp_path, monkeypatc
 
 
 def test_fit_window_recovers_the_window_link_from_one_shot_times():
-    from ringcomm.tune import fit_window
+    from ringcomm.selection.tune import fit_window
     alpha, beta, gamma, n, capacity = 3e-6, 1 / 7e9, 1 / 5e9, 4, 64 << 10
     sizes = [8 << k for k in range(20)]
     times = [alpha * -(-s // capacity) + s * beta + (n - 1) * s * (beta + gamma) for s in sizes]

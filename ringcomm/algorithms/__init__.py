@@ -70,7 +70,7 @@ def program(collective: str, name: str, rank: int, size: int, count: int, root: 
 def plan(collective: str, name: str, rank: int, size: int, count: int, root: int, seg: int,
          nodes: tuple | None = None) -> list:
     """The compiled program of one rank; programs are pure, so they are cached."""
-    from ..executor import compile_program
+    from ..core.executor import compile_program
     return compile_program(program(collective, name, rank, size, count, root, seg, nodes))
 
 

@@ -6,8 +6,8 @@ sends the result back to rank p+i. Costs 2 alpha + 2 S beta + S gamma on the ext
 """
 from __future__ import annotations
 
-from ..cost import Link, pow2_floor
-from ..schedule import recv_segments, send_segments
+from ..core.schedule import recv_segments, send_segments
+from ..selection.cost import Link, pow2_floor
 
 
 def fold(rank: int, size: int, count: int, seg: int) -> tuple:

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from ..cost import Link
-from ..schedule import Program
+from ..core.schedule import Program
+from ..selection.cost import Link
 
 
 class Algorithm(ABC):

@@ -7,8 +7,8 @@ Cost: ceil(log2 n)(alpha + S beta). Wins for small messages; large ones prefer t
 """
 from __future__ import annotations
 
-from ..cost import Link, log2_ceil
-from ..schedule import compact, recv_segments, send_segments
+from ..core.schedule import compact, recv_segments, send_segments
+from ..selection.cost import Link, log2_ceil
 from .base import Algorithm
 
 

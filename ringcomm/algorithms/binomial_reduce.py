@@ -7,8 +7,8 @@ Steps: ceil(log2 n). Cost: ceil(log2 n)(alpha + S beta + S gamma).
 """
 from __future__ import annotations
 
-from ..cost import Link, log2_ceil
-from ..schedule import compact, recv_segments, send_segments
+from ..core.schedule import compact, recv_segments, send_segments
+from ..selection.cost import Link, log2_ceil
 from .base import Algorithm
 from .binomial_broadcast import binomial_links
 

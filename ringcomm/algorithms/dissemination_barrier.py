@@ -6,8 +6,8 @@ before all have entered. Cost: ceil(log2 n) alpha; no bytes.
 """
 from __future__ import annotations
 
-from ..cost import Link, log2_ceil
-from ..schedule import Recv, Send, compact
+from ..core.schedule import Recv, Send, compact
+from ..selection.cost import Link, log2_ceil
 from .base import Algorithm
 
 

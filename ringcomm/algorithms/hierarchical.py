@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import math
 
-from ..cost import Link, Network, as_network
-from ..schedule import compact, recv_segments, send_segments
+from ..core.schedule import compact, recv_segments, send_segments
+from ..selection.cost import Link, Network, as_network
 from . import ring_all_gather, ring_reduce_scatter
 from .base import Algorithm
 from .ring import RingAllReduce

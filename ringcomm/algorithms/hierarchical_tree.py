@@ -15,8 +15,8 @@ the cost of the flat algorithm it then amounts to, which the selector prefers on
 """
 from __future__ import annotations
 
-from ..cost import as_network
-from ..schedule import Lanes, chunk, compact
+from ..core.schedule import Lanes, chunk, compact
+from ..selection.cost import as_network
 from .base import Algorithm
 from .hierarchical import degenerate, hierarchical_steps, node_groups, node_terms
 from .ring import RingAllReduce

@@ -21,9 +21,8 @@ from typing import Callable
 
 import numpy as np
 
-from ..cost import Link
+from ..selection.cost import Link
 from .base import Algorithm
-
 
 STALL_CHECK = 0.05   # seconds a round may wait before the stall is diagnosed (and every so often after)
 

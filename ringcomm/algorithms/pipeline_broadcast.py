@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import math
 
-from ..cost import Link
-from ..schedule import DEFAULT_SEGMENT_BYTES, Recv, Send, compact, segments
+from ..core.schedule import DEFAULT_SEGMENT_BYTES, Recv, Send, compact, segments
+from ..selection.cost import Link
 from .base import Algorithm
 
 

@@ -10,8 +10,8 @@ so it wins at mid-to-large sizes on many ranks.
 """
 from __future__ import annotations
 
-from ..cost import Link, log2_ceil, pow2_floor
-from ..schedule import compact, recv_segments, send_segments
+from ..core.schedule import compact, recv_segments, send_segments
+from ..selection.cost import Link, log2_ceil, pow2_floor
 from ._fold import fold, fold_cost
 from .base import Algorithm
 

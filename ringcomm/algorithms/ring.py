@@ -7,8 +7,8 @@ Each chunk is reduced by one rank in ring order and then copied verbatim: identi
 """
 from __future__ import annotations
 
-from ..cost import Link
-from ..schedule import compact
+from ..core.schedule import compact
+from ..selection.cost import Link
 from . import ring_all_gather, ring_reduce_scatter
 from .base import Algorithm
 

@@ -6,8 +6,8 @@ Bytes sent per rank: (n-1)/n * S (S = the gathered size). Bandwidth-optimal; n-1
 """
 from __future__ import annotations
 
-from ..cost import Link
-from ..schedule import chunk, compact, recv_segments, send_segments
+from ..core.schedule import chunk, compact, recv_segments, send_segments
+from ..selection.cost import Link
 from .base import Algorithm
 
 

@@ -9,8 +9,8 @@ Wins for large messages; latency grows linearly with n.
 """
 from __future__ import annotations
 
-from ..cost import Link
-from ..schedule import chunk, compact, recv_segments, send_segments
+from ..core.schedule import chunk, compact, recv_segments, send_segments
+from ..selection.cost import Link
 from .base import Algorithm
 
 

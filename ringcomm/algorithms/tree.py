@@ -18,8 +18,17 @@ from __future__ import annotations
 
 import math
 
-from ..cost import Link, log2_ceil
-from ..schedule import DEFAULT_SEGMENT_BYTES, Lanes, Recv, RecvReduce, Send, chunk, compact, segments
+from ..core.schedule import (
+    DEFAULT_SEGMENT_BYTES,
+    Lanes,
+    Recv,
+    RecvReduce,
+    Send,
+    chunk,
+    compact,
+    segments,
+)
+from ..selection.cost import Link, log2_ceil
 from .base import Algorithm
 
 

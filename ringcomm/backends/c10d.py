@@ -15,9 +15,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..core.ops import ReduceOp
+from ..core.schedule import chunk
 from ..errors import CommError
-from ..ops import ReduceOp
-from ..schedule import chunk
 
 LOOPBACK = "127.0.0.1"
 _OPS = {ReduceOp.SUM: dist.ReduceOp.SUM, ReduceOp.AVG: dist.ReduceOp.SUM,

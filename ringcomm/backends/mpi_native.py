@@ -13,9 +13,9 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
+from ..core.ops import DType, ReduceOp, reducer
+from ..core.schedule import chunk
 from ..errors import CommTimeoutError
-from ..ops import DType, ReduceOp, reducer
-from ..schedule import chunk
 from ..transport.mpi import MPIRequest
 from .reference import ReferenceCommunicator
 

@@ -7,7 +7,8 @@ the same tag are matched in posting order (MPI's non-overtaking rule); algorithm
 Two optional hooks let a transport go faster without algorithms knowing:
 - ``irecv_reduce`` receives and reduces in one go; a shared-memory transport reduces straight
   out of the sender's memory instead of copying into scratch first.
-- ``stage`` may move the work buffer into memory peers can read (and back) around a collective.
+- ``stage`` brackets one collective with the arrays it sends from and receives into, so that a
+  transport can decide how to carry them (shm: read large ones in place with CMA).
 
 And one optional capability: ``window`` (transport/window.py), a mailbox per rank that every rank
 reads in place, offered only where all ranks of the job share memory; one-shot algorithms need it.
@@ -20,7 +21,7 @@ from typing import Callable, Iterator, Optional
 
 import numpy as np
 
-Reducer = Callable[[np.ndarray, np.ndarray], None]
+Reducer = Callable[..., None]   # reduce(dst, msg) or reduce(dst, msg, own): see irecv_reduce
 
 
 class Request(ABC):
@@ -44,17 +45,21 @@ class DoneRequest(Request):
 
 
 class ReduceOnWait(Request):
-    """A receive into scratch whose completion also reduces scratch into the destination once."""
+    """A receive into scratch whose completion also reduces it into the destination, once:
+    dst = dst OP scratch, or dst = own OP scratch when ``own`` is given."""
 
-    def __init__(self, inner: Request, dst: np.ndarray, scratch: np.ndarray, reduce: Reducer):
-        self._inner, self._dst, self._scratch, self._reduce = inner, dst, scratch, reduce
+    def __init__(self, inner: Request, dst: np.ndarray, scratch: np.ndarray, reduce: Reducer, own=None):
+        self._inner, self._dst, self._scratch, self._reduce, self._own = inner, dst, scratch, reduce, own
         self._reduced = False
 
     def wait(self, timeout):
         if not self._inner.wait(timeout):
             return False
         if not self._reduced:
-            self._reduce(self._dst, self._scratch)
+            if self._own is None:
+                self._reduce(self._dst, self._scratch)
+            else:
+                self._reduce(self._dst, self._scratch, self._own)
             self._reduced = True
         return True
 
@@ -77,14 +82,19 @@ class Transport(ABC):
         """Start receiving exactly ``buf.nbytes`` bytes into ``buf``."""
 
     def irecv_reduce(self, buf: np.ndarray, peer: int, tag: int, reduce: Reducer,
-                     scratch: np.ndarray) -> Request:
-        """Receive a message of ``buf``'s shape and reduce it into ``buf`` (buf = buf OP msg)."""
-        return ReduceOnWait(self.irecv(scratch, peer, tag), buf, scratch, reduce)
+                     scratch: np.ndarray, own: Optional[np.ndarray] = None) -> Request:
+        """Receive a message of ``buf``'s shape and reduce it into ``buf``: buf = buf OP msg, or
+        buf = own OP msg when ``own`` (an array of buf's shape) is given. ``reduce(dst, msg)`` and
+        ``reduce(dst, msg, own)`` compute those (ops.Reduction); a transport that reduces in
+        pieces slices dst, msg and own alike. The operand order (own, then the message) is what
+        keeps results bitwise identical across ranks."""
+        return ReduceOnWait(self.irecv(scratch, peer, tag), buf, scratch, reduce, own)
 
     @contextlib.contextmanager
-    def stage(self, flat: np.ndarray) -> Iterator[np.ndarray]:
-        """Yield the array a collective should work on; results must end up in ``flat``."""
-        yield flat
+    def stage(self, arrays: tuple) -> Iterator[None]:
+        """Bracket one collective: ``arrays`` are the flat arrays it sends from and receives into
+        (its named buffers). Sends may come from any of them, receives land in them directly."""
+        yield
 
     def probe(self, source: Optional[int], tag: Optional[int] = None) -> Optional[tuple]:
         """(source, tag, nbytes) of the earliest unmatched message from ``source`` (None: any)

@@ -7,9 +7,9 @@ shared memory. ``describe(transport)`` says which transport serves each peer.
 """
 from __future__ import annotations
 
-import os
 import socket
 
+from .. import env
 from ..errors import UsageError
 from ..topology import Topology
 from .base import Transport
@@ -18,15 +18,12 @@ CHOICES = ("auto", "mpi", "shm")
 
 
 def choice() -> str:
-    value = os.environ.get("RINGCOMM_TRANSPORT", "auto").strip().lower() or "auto"
-    if value not in CHOICES:
-        raise UsageError(f'RINGCOMM_TRANSPORT got unexpected value (expected one of '
-                         f'{", ".join(CHOICES)}, got {value!r})')
-    return value
+    return env.get("RINGCOMM_TRANSPORT")
 
 
-def build(mpi_comm, topology: Topology) -> Transport:
-    """Collective over ``mpi_comm``: every rank calls it, with the same environment."""
+def build(mpi_comm, topology: Topology, timeout: float = 300.0) -> Transport:
+    """Collective over ``mpi_comm``: every rank calls it, with the same environment.
+    ``timeout`` bounds every handshake of the transports' setup (the communicator's timeout)."""
     from .mpi import MPITransport
     from .routed import RoutedTransport
     mode = choice()
@@ -50,7 +47,6 @@ def build(mpi_comm, topology: Topology) -> Transport:
         node_comm.Free()
         return MPITransport(mpi_comm)
     from .shm import ShmTransport
-    timeout = float(os.environ.get("RINGCOMM_TIMEOUT", 300))
     shm = ShmTransport(node_comm, local, world_rank=rank, world_size=size, setup_timeout=timeout)
     if len(local) == size:
         return RoutedTransport(rank, size, {p: shm for p in range(size) if p != rank}, [shm], node=shm)

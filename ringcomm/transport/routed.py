@@ -44,8 +44,8 @@ class RoutedTransport(Transport):
     def irecv(self, buf: np.ndarray, peer: int, tag: int):
         return self._active[peer].irecv(buf, peer, tag)
 
-    def irecv_reduce(self, buf, peer, tag, reduce, scratch):
-        return self._active[peer].irecv_reduce(buf, peer, tag, reduce, scratch)
+    def irecv_reduce(self, buf, peer, tag, reduce, scratch, own=None):
+        return self._active[peer].irecv_reduce(buf, peer, tag, reduce, scratch, own)
 
     def probe(self, source, tag=None):
         if source is not None:
@@ -57,21 +57,20 @@ class RoutedTransport(Transport):
         return None
 
     @contextlib.contextmanager
-    def stage(self, flat):
-        if is_device_array(flat):
+    def stage(self, arrays):
+        if arrays and is_device_array(arrays[0]):
             device = self.device_transport()
             self._active = {p: device for p in self.routes}
             try:
-                with device.stage(flat) as work:
-                    yield work
+                with device.stage(arrays):
+                    yield
             finally:
                 self._active = self.routes
             return
-        # Staging nests: shared memory first, so MPI also sends from (and lands in) the segment.
         with contextlib.ExitStack() as stack:
             for t in self.transports:
-                flat = stack.enter_context(t.stage(flat))
-            yield flat
+                stack.enter_context(t.stage(arrays))
+            yield
 
     def device_transport(self):
         """The CUDA IPC transport of this node (created on first use, collectively)."""

@@ -68,8 +68,8 @@ from typing import Optional
 
 import numpy as np
 
+from .. import env
 from ..errors import CommError, CommTimeoutError, MismatchError, PeerAbortedError
-from ..tuning import parse_size
 from .base import Request, Transport
 from .polling import spin_for, wait_polling
 from .window import Window, region_bytes
@@ -95,7 +95,7 @@ _TSO = {"x86_64", "amd64", "i386", "i686"}
 
 
 def _check_ordering() -> None:
-    if platform.machine().lower() not in _TSO and os.environ.get("RINGCOMM_SHM_UNSAFE_ORDERING") != "1":
+    if platform.machine().lower() not in _TSO and not env.get("RINGCOMM_SHM_UNSAFE_ORDERING"):
         raise CommError(f"the shm transport relies on x86 store ordering; this CPU is "
                         f"{platform.machine()} (set RINGCOMM_TRANSPORT=mpi, or "
                         f"RINGCOMM_SHM_UNSAFE_ORDERING=1 to try anyway)")
@@ -146,8 +146,8 @@ def read_process(pid: int, addr: int, dst_addr: int, nbytes: int) -> None:
 
 def _cma_min_bytes() -> int:
     """RINGCOMM_SHM_CMA_MIN (bytes, e.g. 32M), else CMA_MIN_BYTES."""
-    text = os.environ.get("RINGCOMM_SHM_CMA_MIN", "").strip()
-    return parse_size(text) if text else CMA_MIN_BYTES
+    value = env.get("RINGCOMM_SHM_CMA_MIN")
+    return CMA_MIN_BYTES if value is None else value
 
 
 def _errno_text(err: OSError) -> str:
@@ -204,11 +204,11 @@ class _Send(Request):
 
 
 class _Recv(Request):
-    __slots__ = ("t", "peer", "tag", "ord", "buf", "reduce", "scratch", "done", "mpi", "slot", "error")
+    __slots__ = ("t", "peer", "tag", "ord", "buf", "reduce", "scratch", "own", "done", "mpi", "slot", "error")
 
-    def __init__(self, t, peer, tag, ordinal, buf, reduce, scratch):
+    def __init__(self, t, peer, tag, ordinal, buf, reduce, scratch, own=None):
         self.t, self.peer, self.tag, self.ord = t, peer, tag, ordinal
-        self.buf, self.reduce, self.scratch = buf, reduce, scratch
+        self.buf, self.reduce, self.scratch, self.own = buf, reduce, scratch, own
         self.done, self.mpi, self.slot, self.error = False, None, -1, None
 
     def test(self) -> bool:
@@ -296,7 +296,7 @@ class ShmTransport(Transport):
     # ---- direct reads (CMA) ------------------------------------------------------------------
     def _direct_reads_blocked(self) -> Optional[str]:
         """Why this rank must not even try CMA; None if it may (hook)."""
-        if os.environ.get("RINGCOMM_SHM_CMA", "1").strip() == "0":
+        if not env.get("RINGCOMM_SHM_CMA"):
             return "RINGCOMM_SHM_CMA=0"
         if _process_vm_readv is None:
             return "libc has no process_vm_readv"
@@ -351,7 +351,7 @@ class ShmTransport(Transport):
             dst = buf[i:i + tmp.size]
             part = tmp[:dst.size]
             self._pull(req.peer, addr + i * buf.itemsize, part)
-            req.reduce(dst, part)
+            _reduce(req, dst, part, i)
 
     # ---- segments --------------------------------------------------------------------------
     def _path(self, node_rank: int, seg_id: int) -> str:
@@ -433,8 +433,8 @@ class ShmTransport(Transport):
         return None
 
     @contextlib.contextmanager
-    def stage(self, flat: np.ndarray):
-        """Make ``flat`` sendable from shared memory for the length of one collective.
+    def stage(self, arrays: tuple):
+        """Make the collective's work array (``arrays[0]``) sendable from shared memory for the length of one collective.
 
         If ``flat`` lives in a segment (``allocate``), sends publish it in place: no copy at all.
         Otherwise the collective still works on ``flat`` itself: with CMA peers read its sent
@@ -447,6 +447,7 @@ class ShmTransport(Transport):
         and ``direct_reads`` is the same on all of them, so growing the staging segment (a
         collective) is decided on those alone.
         """
+        flat = arrays[0]
         self._check_array(flat)
         nbytes = flat.nbytes
         direct = self._direct and nbytes >= self.cma_min_bytes
@@ -457,11 +458,11 @@ class ShmTransport(Transport):
             if old is not None:
                 self._release(old)
         if not nbytes or self.owns(flat):
-            yield flat
+            yield
             return
         self._shadow = (_address(flat), nbytes, direct)
         try:
-            yield flat
+            yield
         finally:
             self._shadow = None
 
@@ -506,15 +507,15 @@ class ShmTransport(Transport):
     def irecv(self, buf, peer, tag):
         return self._post(buf, peer, tag, None, None)
 
-    def irecv_reduce(self, buf, peer, tag, reduce, scratch):
-        return self._post(buf, peer, tag, reduce, scratch)
+    def irecv_reduce(self, buf, peer, tag, reduce, scratch, own=None):
+        return self._post(buf, peer, tag, reduce, scratch, own)
 
-    def _post(self, buf, peer, tag, reduce, scratch):
+    def _post(self, buf, peer, tag, reduce, scratch, own=None):
         self._check_usable()
         p = self._node_rank(peer)
         ordinal = self._in_ord[p][tag]
         self._in_ord[p][tag] = ordinal + 1
-        req = _Recv(self, p, tag, ordinal, buf, reduce, scratch)
+        req = _Recv(self, p, tag, ordinal, buf, reduce, scratch, own)
         if reduce is None:
             self._plain[p][(tag, ordinal)] = req
         self.try_receive(req)
@@ -604,7 +605,7 @@ class ShmTransport(Transport):
             if not req.mpi.Test():
                 return
             if req.reduce is not None:
-                req.reduce(req.buf, target)
+                _reduce(req, req.buf, target, 0)
         elif seg == CMA:
             try:
                 self._receive_direct(req, int(row[OFF]))
@@ -616,7 +617,7 @@ class ShmTransport(Transport):
             if req.reduce is None:
                 req.buf[...] = src
             else:
-                req.reduce(req.buf, src)
+                _reduce(req, req.buf, src, 0)
             self._after_consume()
         row[ACK] = row[PUB]
         req.done = True
@@ -679,6 +680,15 @@ class ShmTransport(Transport):
 
     def describe(self) -> dict:
         return {r: self.name for r in self.ranks if r != self.rank}
+
+
+def _reduce(req: _Recv, dst, msg, start: int) -> None:
+    """dst = dst OP msg, or own OP msg when the receive has an own operand; ``dst`` starts at
+    element ``start`` of the receive buffer (reductions out of CMA reads go in chunks)."""
+    if req.own is None:
+        req.reduce(dst, msg)
+    else:
+        req.reduce(dst, msg, req.own[start:start + dst.size])
 
 
 def _bytes(buf):

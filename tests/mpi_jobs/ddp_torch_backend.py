@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ringcomm.torch_backend import init_process_group
+from ringcomm.integrations.torch_backend import init_process_group
 
 torch.set_default_dtype(torch.float64)
 BACKEND = sys.argv[1] if len(sys.argv) > 1 else "ringcomm"

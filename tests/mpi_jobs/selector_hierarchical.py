@@ -9,8 +9,8 @@ os.environ["RINGCOMM_NODE_ID"] = f"pretend-node-{rank // 2}"
 import numpy as np  # noqa: E402
 
 import ringcomm  # noqa: E402
-from ringcomm.selector import Selector  # noqa: E402
-from ringcomm.tuning import Tuning  # noqa: E402
+from ringcomm.selection.selector import Selector  # noqa: E402
+from ringcomm.selection.tuning import Tuning  # noqa: E402
 
 comm = ringcomm.init()
 assert comm.topology.node_of == (0, 0, 1, 1), comm.topology

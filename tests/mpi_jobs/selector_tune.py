@@ -1,6 +1,6 @@
 """python -m ringcomm.tune, as a script run_mpi can launch."""
 import sys
 
-from ringcomm.tune import main
+from ringcomm.selection.tune import main
 
 sys.exit(main(sys.argv[1:]))

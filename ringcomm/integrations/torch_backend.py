@@ -31,10 +31,15 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import (AllreduceCoalescedOptions, AllreduceOptions, ReduceOptions,
-                                        ReduceScatterOptions, _create_work_from_future)
+from torch._C._distributed_c10d import (
+    AllreduceCoalescedOptions,
+    AllreduceOptions,
+    ReduceOptions,
+    ReduceScatterOptions,
+    _create_work_from_future,
+)
 
-from .errors import UsageError, bad_value
+from ..errors import UsageError, bad_value
 
 BACKEND = "ringcomm"
 
@@ -305,7 +310,7 @@ def init_process_group(backend: Optional[str] = None, *, comm=None, timeout: Opt
         raise UsageError("init_process_group got unexpected value for argument \"state\" (expected "
                          "torch.distributed not yet initialised, got an initialised default group)")
     if comm is None:
-        from .init import init
+        from ..init import init
         comm = init(backend, timeout=timeout)
     seconds = timeout or getattr(comm, "timeout", None) or 1800.0
     td = timedelta(seconds=seconds)

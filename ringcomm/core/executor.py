@@ -16,10 +16,10 @@ from typing import Optional
 
 import numpy as np
 
+from ..errors import CommTimeoutError, MismatchError, PeerAbortedError
+from ..transport.base import Reducer, Transport
 from .envelope import ABORT_TAG, Envelope, stamp_parts
-from .errors import CommTimeoutError, MismatchError, PeerAbortedError
 from .schedule import Recv, RecvReduce, Send, lanes_of, sends_first
-from .transport.base import Reducer, Transport
 
 POLL_SLICE = 200e-6    # with several lanes, how long to block on one before checking the others
 DIAGNOSE_EVERY = 0.05  # seconds between probes while a wait is stalled

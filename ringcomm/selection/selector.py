@@ -17,15 +17,14 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import sys
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Optional
 
-from . import algorithms
+from .. import algorithms, env
+from ..errors import UsageError
 from .cost import Link, Network
-from .errors import UsageError
 from .tuning import DEFAULT_TUNING, Tuning, load_tuning
 
 MEMO_LIMIT = 4096   # distinct (collective, bytes, shape) choices remembered per selector
@@ -134,7 +133,7 @@ def parse_forced(spec: Optional[str], source: str = "RINGCOMM_ALGO") -> dict:
 
 def configure_debug_logging() -> None:
     """RINGCOMM_DEBUG=info (or debug) sends ringcomm's log records to stderr, once."""
-    level = os.environ.get("RINGCOMM_DEBUG", "").strip().upper()
+    level = env.get("RINGCOMM_DEBUG").upper()
     root = logging.getLogger("ringcomm")
     if level not in ("INFO", "DEBUG") or getattr(root, "_ringcomm_handler", False):
         return
@@ -164,7 +163,7 @@ class Selector:
     def from_env(cls) -> "Selector":
         """RINGCOMM_ALGO and the tuning file (RINGCOMM_TUNING_FILE or the default location)."""
         configure_debug_logging()
-        return cls(forced=parse_forced(os.environ.get("RINGCOMM_ALGO")), tuning=load_tuning())
+        return cls(forced=parse_forced(env.raw("RINGCOMM_ALGO")), tuning=load_tuning())
 
     def network(self, size: int, nodes=None, dtype: str = "float32", routes=("mpi", "mpi"),
                 window_bytes: int = 0) -> Network:

@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from .. import env
+from ..env import parse_size  # noqa: F401  (re-exported: callers parse sizes here)
+from ..errors import UsageError
 from .cost import DEFAULT_LINK, Link
-from .errors import UsageError
 
 FORMAT = 1
 
@@ -154,7 +156,7 @@ class Tuning:
         raw_sweeps = data.get("sweeps", [])
         if not isinstance(raw_sweeps, list):
             raise bad('"sweeps" must be a list')
-        from . import algorithms
+        from .. import algorithms
         for i, s in enumerate(raw_sweeps):
             try:
                 collective, sizes = s["collective"], tuple(int(x) for x in s["sizes"])
@@ -182,7 +184,7 @@ DEFAULT_TUNING = Tuning()
 
 
 def default_path() -> Path:
-    explicit = os.environ.get("RINGCOMM_TUNING_FILE")
+    explicit = env.get("RINGCOMM_TUNING_FILE")
     if explicit:
         return Path(explicit).expanduser()
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
@@ -195,7 +197,7 @@ _loaded: dict = {}
 def load_tuning(path: Optional[os.PathLike] = None) -> Tuning:
     """The tuning at ``path`` (default: ``default_path()``); built-in defaults when the default
     file does not exist. A file named explicitly must exist. Parsed once per file version."""
-    explicit = path is not None or bool(os.environ.get("RINGCOMM_TUNING_FILE"))
+    explicit = path is not None or bool(env.get("RINGCOMM_TUNING_FILE"))
     path = Path(path) if path is not None else default_path()
     try:
         stat = path.stat()
@@ -224,16 +226,3 @@ def save_tuning(tuning: Tuning, path: os.PathLike, **meta) -> Path:
     tmp.write_text(json.dumps(tuning.to_json(**meta), indent=1))
     os.replace(tmp, path)
     return path
-
-
-def parse_size(text: str) -> int:
-    """"4096", "64K", "1M", "32MiB" -> bytes (binary units)."""
-    t = str(text).strip().upper().removesuffix("B").removesuffix("I")
-    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
-    try:
-        value = float(t[:-1] if scale > 1 else t) * scale
-    except ValueError:
-        value = -1
-    if not value >= 0 or value != int(value):
-        raise UsageError(f'size {text!r}: expected bytes like 4096, 64K, 1M or 32MiB')
-    return int(value)

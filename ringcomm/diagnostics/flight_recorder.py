@@ -7,10 +7,11 @@ rank prints its ring to stderr, and comparing the ranks' last entries shows the 
 from __future__ import annotations
 
 import collections
-import os
 import sys
 import time
 from typing import Optional
+
+from .. import env
 
 
 class Entry:
@@ -32,7 +33,7 @@ class Entry:
 class FlightRecorder:
     def __init__(self, rank: int, capacity: Optional[int] = None):
         if capacity is None:
-            capacity = int(os.environ.get("RINGCOMM_FLIGHT_RECORDER", "16"))
+            capacity = env.get("RINGCOMM_FLIGHT_RECORDER")
         self.rank = rank
         self.entries: collections.deque = collections.deque(maxlen=max(1, capacity))
 

@@ -17,7 +17,7 @@ from typing import Callable
 
 import numpy as np
 
-from .errors import bad_value
+from ..errors import bad_value
 
 
 class ReduceOp(enum.Enum):
@@ -103,11 +103,26 @@ _UFUNC = {
 Reducer = Callable[[np.ndarray, np.ndarray], None]
 
 
-def reducer(op: ReduceOp, dtype: DType) -> Reducer:
-    """Return ``f(dst, src)`` computing ``dst = dst OP src`` in place, elementwise."""
+class Reduction:
+    """The kernels of one (op, dtype): ``r(dst, msg)`` computes dst = dst OP msg, ``r(dst, msg, own)``
+    computes dst = own OP msg (an out-of-place step: the own operand is read, never written)."""
+    __slots__ = ("reduce", "combine")
+
+    def __init__(self, reduce: Reducer, combine):
+        self.reduce, self.combine = reduce, combine
+
+    def __call__(self, dst: np.ndarray, msg: np.ndarray, own=None) -> None:
+        if own is None:
+            self.reduce(dst, msg)
+        else:
+            self.combine(dst, own, msg)
+
+
+def reducer(op: ReduceOp, dtype: DType) -> Reduction:
+    """The ``Reduction`` for ``op`` on ``dtype``: ``r(dst, src)`` computes ``dst = dst OP src``."""
     found = _REDUCERS.get((op, dtype.name))
     if found is None:
-        found = _REDUCERS[(op, dtype.name)] = _make_reducer(op, dtype)
+        found = _REDUCERS[(op, dtype.name)] = Reduction(_make_reducer(op, dtype), combiner(op, dtype))
     return found
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Optional
 
-from .algorithms import COLLECTIVES
+from ..algorithms import COLLECTIVES
 from .ops import DTYPES
 
 DTYPE_NAMES = tuple(DTYPES)

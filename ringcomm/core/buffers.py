@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import bad_type, bad_value
+from ..errors import bad_type, bad_value
 from .ops import DTYPES, DType
 
 _SUPPORTED = ", ".join(DTYPES)

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import algorithms, executor
-from .envelope import FINGERPRINT_TAG, ControlEnvelope
-from .errors import MismatchError, NonFiniteError
-from .ops import DTYPES, OP_NAMES, bf16_to_f32
+from .. import algorithms
+from ..core import executor
+from ..core.envelope import FINGERPRINT_TAG, ControlEnvelope
+from ..core.ops import DTYPES, OP_NAMES, bf16_to_f32
+from ..errors import MismatchError, NonFiniteError
 
 FIELDS = ("collective", "sequence number", "count", "dtype", "op", "root", "non-finite input")
 _DTYPES = ("-",) + tuple(DTYPES)

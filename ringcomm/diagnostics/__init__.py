@@ -1,0 +1,1 @@
+"""What explains a failure: the pre-flight fingerprint check and the flight recorder."""

@@ -1,0 +1,1 @@
+"""Choosing an algorithm: the cost model, the tuning file, the selector and their command-line tools."""

@@ -1,0 +1,64 @@
+"""Show what the selector would pick, and why, without running anything.
+
+    python -m ringcomm.explain --collective all_reduce --size 1M --ranks 16 --ranks-per-node 8
+
+prints every candidate algorithm's predicted time (and measured time, where the tuning file holds
+a sweep for this job shape) and the choice. It reads the same tuning file and RINGCOMM_ALGO as a
+real job, so what it prints is what the job will do.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .. import algorithms
+from ..errors import UsageError
+from ..transport.window import CAPACITY
+from .selector import Selector, describe
+from .tuning import parse_size
+
+
+def node_map(ranks: int, ranks_per_node: int) -> tuple:
+    """Ranks packed onto nodes in order, as mpirun places them by default."""
+    return tuple(r // ranks_per_node for r in range(ranks))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ringcomm.explain", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--collective", default="all_reduce", choices=algorithms.COLLECTIVES)
+    parser.add_argument("--size", default="1M", help="message bytes: 4096, 64K, 1M, 32MiB (default 1M)")
+    parser.add_argument("--ranks", type=int, default=2, help="world size (default 2)")
+    parser.add_argument("--ranks-per-node", type=int, default=None,
+                        help="ranks on each node (default: all on one node)")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--intra", default="mpi", help="transport inside a node: mpi, shm, threads (default mpi)")
+    parser.add_argument("--inter", default="mpi", help="transport between nodes (default mpi)")
+    parser.add_argument("--window", default=None,
+                        help="shared-window bytes per rank (default: ringcomm's window when --intra is "
+                             "shm or threads and all ranks share a node, else 0: none)")
+    args = parser.parse_args(argv)
+    try:
+        nbytes = parse_size(args.size)
+        if args.ranks < 1:
+            raise UsageError(f"--ranks must be >= 1, got {args.ranks}")
+        per_node = args.ranks_per_node or args.ranks
+        if per_node < 1:
+            raise UsageError(f"--ranks-per-node must be >= 1, got {per_node}")
+        if args.window is not None:
+            window = parse_size(args.window)
+        else:
+            window = CAPACITY if args.intra in ("shm", "threads") and per_node >= args.ranks else 0
+        selector = Selector.from_env()
+        choice = selector.explain(args.collective, nbytes, args.ranks, dtype=args.dtype,
+                                  nodes=node_map(args.ranks, per_node), routes=(args.intra, args.inter),
+                                  window_bytes=window)
+    except UsageError as err:
+        print(f"ringcomm.explain: {err}", file=sys.stderr)
+        return 2
+    print(describe(choice))
+    print(f"tuning: {selector.tuning.source}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

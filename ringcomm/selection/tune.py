@@ -1,0 +1,355 @@
+"""Measure this machine and write the tuning file the selector reads.
+
+    mpirun -n 2 python -m ringcomm.tune [--out PATH] [--max-size 32M] [--quick]
+    mpirun -n 2 python -m ringcomm.tune --check     # auto vs every forced algorithm, writes nothing
+
+1. alpha and beta per transport: ping-pong through the real executor (so alpha includes the
+   Python per-step overhead every algorithm pays) between two ranks of one node, and between two
+   ranks of different nodes when the job has several (``RINGCOMM_NODE_ID`` can pretend);
+   a least-squares fit of t(S) = alpha + S beta, weighted so small and large sizes count alike.
+2. gamma per dtype: the reduction kernel itself, timed on rank 0.
+3. the real crossover points: every all-reduce algorithm, interleaved, at every doubling from
+   8 B to 32 MiB (medians of --rounds samples). The selector uses these measured times for exactly this job shape and the fitted
+   model everywhere else.
+
+The file goes to ``--out``, else ``RINGCOMM_TUNING_FILE``, else ~/.cache/ringcomm/tuning.json
+($XDG_CACHE_HOME respected); ``ringcomm.init()`` loads it from the same place.
+"""
+from __future__ import annotations
+
+import socket
+import statistics
+import time
+from pathlib import Path
+from typing import Optional
+
+from ..errors import UsageError
+from .tuning import (
+    DEFAULT_LINKS,
+    Sweep,
+    Tuning,
+    default_path,
+    load_tuning,
+    parse_size,
+    save_tuning,
+)
+
+
+def fit_link(points) -> tuple:
+    """(alpha, beta) minimising the relative error of alpha + S beta over (S, seconds) points."""
+    import numpy as np
+    sizes = np.array([s for s, _ in points], dtype=float)
+    times = np.array([t for _, t in points], dtype=float)
+    design = np.stack([np.ones_like(sizes), sizes], axis=1) / times[:, None]
+    (alpha, beta), *_ = np.linalg.lstsq(design, np.ones_like(times), rcond=None)
+    smallest = float(times[np.argmin(sizes)])
+    alpha = float(alpha) if alpha > 0 else smallest
+    beta = float(beta) if beta > 0 else float(times.max() / sizes.max())
+    return alpha, beta
+
+
+def fit_alpha(sizes, seconds: dict, link, local_sizes: tuple) -> tuple:
+    """(alpha, fixed per-call seconds) that best explain the measured collectives, given beta and
+    gamma: every algorithm's cost is linear in alpha, so this is a least-squares line through
+    all (algorithm, size) points, relative errors, refitted once without gross outliers (bursts
+    of load on a shared machine). Alpha as the collectives feel it includes what a ping-pong
+    misses: posting several ops per step, and waiting for a descheduled peer when ranks
+    outnumber cores. None when the data cannot say (too few points, or a non-positive fit)."""
+    import numpy as np
+
+    from .. import algorithms
+    from .cost import Link, Network
+
+    def cost(name, nbytes, unit):
+        return algorithms.get("all_reduce", name).cost(nbytes, sum(local_sizes), Network(unit, unit, local_sizes))
+    rows, rhs = [], []
+    for name, times in seconds.items():
+        if algorithms.needs_window("all_reduce", name):
+            continue   # priced on the window link (fit_window), not this one
+        for nbytes, t in zip(sizes, times):
+            fixed = cost(name, nbytes, Link(0.0, link.beta, link.gamma))
+            steps = cost(name, nbytes, Link(1.0, 0.0, 0.0))
+            rows.append((1.0 / t, steps / t))
+            rhs.append((t - fixed) / t)
+    if len(rows) < 4:
+        return None
+    design, target = np.array(rows), np.array(rhs)
+    keep = np.ones(len(rows), bool)
+    for _ in range(2):
+        (overhead, alpha), *_ = np.linalg.lstsq(design[keep], target[keep], rcond=None)
+        residual = np.abs(design @ np.array([overhead, alpha]) - target)
+        keep = residual <= max(3 * np.median(residual), 0.05)
+    if not alpha > 0:
+        return None
+    return float(alpha), float(max(overhead, 0.0))
+
+
+def fit_window(sizes, times, gamma: float, n: int, capacity: int) -> Optional[tuple]:
+    """(alpha, beta) of the shared window from the one-shot sweep: within one piece (S <= the
+    window's capacity) a round costs alpha + n S beta + (n-1) S gamma, so with gamma known
+    this is fit_link on (n S, t - (n-1) S gamma). None with fewer than 3 usable sizes."""
+    points = [(n * s, t - (n - 1) * s * gamma) for s, t in zip(sizes, times) if s <= capacity]
+    points = [(s, t) for s, t in points if t > 0]
+    return fit_link(points) if len(points) >= 3 else None
+
+
+def measure_link(comm, a: int, b: int, sizes, budget: float):
+    """Fit (alpha, beta) on the pair (a, b); every rank calls, only a and b move data."""
+    points = []
+    if comm.rank in (a, b):
+        peer = b if comm.rank == a else a
+        points = [(nbytes, _pingpong(comm, peer, nbytes, a, budget)) for nbytes in sizes]
+    comm.barrier()
+    return fit_link(points) if comm.rank == a else None
+
+
+def _pingpong(comm, peer: int, nbytes: int, a: int, budget: float) -> float:
+    """Ping-pong for a number of rounds both sides know beforehand (from a probe of 3 rounds)."""
+    import numpy as np
+
+    from ..core import executor
+    from ..core.envelope import PINGPONG_TAG, ControlEnvelope
+    from ..core.schedule import Recv, Send
+    envelope = ControlEnvelope(PINGPONG_TAG)   # apart from collectives; FIFO within the pair
+    work = np.zeros(max(nbytes, 1), np.uint8)[:nbytes]
+    pair = [(Send(peer, 0, nbytes),), (Recv(peer, 0, nbytes),)]
+    program = executor.compile_program(pair if comm.rank == a else pair[::-1])
+    count = np.zeros(1, np.int64)
+
+    def rounds(n):
+        out = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            executor.run(program, comm.transport, work, None, envelope=envelope, timeout=60, what="tune ping-pong")
+            out.append((time.perf_counter() - t0) / 2)
+        return out
+    probe = rounds(3)
+    # a tells b how many more rounds fit the budget, over the same pair, so both stop together.
+    tell = executor.compile_program([(Send(peer, 0, 1),)] if comm.rank == a else [(Recv(peer, 0, 1),)])
+    if comm.rank == a:
+        count[0] = max(3, min(200, int(budget / max(2 * statistics.median(probe), 1e-7))))
+    executor.run(tell, comm.transport, count, None, envelope=envelope, timeout=60, what="tune ping-pong")
+    return statistics.median(probe + rounds(int(count[0])))
+
+
+def measure_gammas(budget: float = 0.05) -> dict:
+    """Seconds per byte of ``dst = dst + src`` for every dtype, from the slope between 4 MiB and
+    16 MiB (sizes past the caches, like the collectives' real operands)."""
+    import numpy as np
+
+    from ..core.ops import DTYPES, ReduceOp, reducer
+    out = {}
+    for name, dtype in DTYPES.items():
+        reduce = reducer(ReduceOp.SUM, dtype)
+        times = []
+        for nbytes in (4 << 20, 16 << 20):
+            n = nbytes // dtype.itemsize
+            dst, src = np.ones(n, dtype.storage), np.zeros(n, dtype.storage)   # no overflow to inf
+            samples, start = [], time.perf_counter()
+            while len(samples) < 3 or (time.perf_counter() - start < budget and len(samples) < 50):
+                t0 = time.perf_counter()
+                reduce(dst, src)
+                samples.append(time.perf_counter() - t0)
+            times.append(min(samples))   # the kernel's speed, not the noise of a shared machine
+        out[name] = max((times[1] - times[0]) / (12 << 20), times[1] / (16 << 20) / 2)
+    return out
+
+
+def candidates(comm) -> list:
+    """The all-reduce algorithms worth timing on this job: on one node (or one rank per node) the
+    hierarchical schedules are plain rings and trees, so they are not timed twice."""
+    from .. import algorithms
+    from ..algorithms.hierarchical import degenerate
+    from .cost import DEFAULT_LINK, Network
+    from .selector import local_sizes
+    shape = Network(DEFAULT_LINK, DEFAULT_LINK, local_sizes(comm.topology.node_of, comm.size))
+    return [n for n in algorithms.names("all_reduce", comm.transport)
+            if not (getattr(algorithms.get("all_reduce", n), "topology_aware", False) and degenerate(shape))]
+
+
+def time_all_reduce(comm, sizes, entries, rounds: int, budget: float) -> dict:
+    """Median seconds per call of each (label, algorithm) entry at each size; algorithm None is
+    the selector's choice. Entries are interleaved within every round, so a burst of load
+    elsewhere on a shared machine hits them all alike; each sample times enough calls to last
+    about ``budget``."""
+    import numpy as np
+    seconds = {label: [] for label, _ in entries}
+    for nbytes in sizes:
+        x = np.zeros(max(1, nbytes // 4), np.float32)   # sums stay finite however often they run
+        for _, algorithm in entries:
+            comm.all_reduce(x, algorithm=algorithm)          # plans cached before timing
+        probe = time.perf_counter()
+        comm.all_reduce(x, algorithm="ring")
+        per = np.array([time.perf_counter() - probe])
+        comm.broadcast(per)                                   # every rank runs the same count
+        iters = int(max(1, min(100, budget / max(per[0], 1e-6))))
+        samples = {label: [] for label, _ in entries}
+        for _ in range(rounds):
+            for label, algorithm in entries:
+                comm.barrier()
+                t0 = time.perf_counter()
+                for _ in range(iters):
+                    comm.all_reduce(x, algorithm=algorithm)
+                samples[label].append((time.perf_counter() - t0) / iters)
+        for label in seconds:
+            seconds[label].append(statistics.median(samples[label]))
+    return seconds
+
+
+def check(comm, sizes, rounds: int, budget: float) -> int:
+    """Auto against every forced algorithm, interleaved; prints the table, returns how many sizes
+    auto was more than 10% slower than the best. Auto is timed twice ("auto" and "again"): the
+    spread between two runs of the very same schedule is the noise floor of the comparison."""
+    from .selector import routes_of
+    names = candidates(comm)
+    seconds = time_all_reduce(comm, sizes, [("auto", None), ("again", None)] + [(n, n) for n in names],
+                              rounds, budget)
+    misses = 0
+    if comm.rank == 0:
+        print(f"{'bytes':>10} {'auto picks':<20}{'best forced':<20}{'auto':>11}{'best':>11}{'ratio':>7}"
+              f"{'noise':>7}")
+        for i, nbytes in enumerate(sizes):
+            best = min(names, key=lambda n: seconds[n][i])
+            pick = comm.selector.choose("all_reduce", max(1, nbytes // 4) * 4, comm.size, nodes=comm.topology.node_of,
+                                        transport=comm.transport)
+            ratio = seconds["auto"][i] / seconds[best][i]
+            noise = max(seconds["auto"][i], seconds["again"][i]) / min(seconds["auto"][i], seconds["again"][i])
+            misses += ratio > 1.10
+            print(f"{nbytes:>10} {pick:<20}{best:<20}{seconds['auto'][i] * 1e6:>9.1f}us"
+                  f"{seconds[best][i] * 1e6:>9.1f}us{ratio:>7.2f}{noise:>7.2f}{'  > 10%' if ratio > 1.10 else ''}")
+        print(f"auto within 10% of the best forced algorithm at {len(sizes) - misses} of {len(sizes)} sizes "
+              f"(routes {routes_of(comm.transport, comm.topology.node_of)}, tuning: {comm.selector.tuning.source}); "
+              f"noise = slower/faster of two interleaved runs of auto itself")
+    return misses
+
+
+def crossovers(sizes, seconds: dict) -> list:
+    """[(size where the winner changes, previous winner, new winner), ...]."""
+    out, prev = [], None
+    for i, nbytes in enumerate(sizes):
+        best = min(seconds, key=lambda name: seconds[name][i])
+        if prev is not None and best != prev:
+            out.append((nbytes, prev, best))
+        prev = best
+    return out
+
+
+def _communicator():
+    """What ringcomm.init() builds, but selecting with the built-in defaults and nothing forced:
+    an old (even corrupt) tuning file or RINGCOMM_ALGO must not steer the measurement."""
+    from mpi4py import MPI
+
+    from ..communicator import Communicator
+    from ..topology import discover
+    from ..transport import factory
+    from .selector import Selector
+    world = MPI.COMM_WORLD.Dup()
+    topology = discover(world)
+    return Communicator(factory.build(world, topology, 120), timeout=120, selector=Selector(),
+                        local_rank=topology.local_rank, local_size=topology.local_size,
+                        node_count=topology.node_count, topology=topology)
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    from .selector import Selector, predict, routes_of
+    parser = argparse.ArgumentParser(prog="python -m ringcomm.tune", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", help="where to write (default: RINGCOMM_TUNING_FILE or "
+                                      "~/.cache/ringcomm/tuning.json)")
+    parser.add_argument("--max-size", default="32M", help="largest all-reduce size swept (default 32M)")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per size (default 5)")
+    parser.add_argument("--quick", action="store_true", help="fewer sizes and rounds (a smoke test)")
+    parser.add_argument("--check", action="store_true",
+                        help="write nothing: time auto (with the current tuning file) against every "
+                             "forced algorithm and report where auto is more than 10%% off the best")
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    top = parse_size(args.max_size)
+    sizes = [8 << k for k in range(40) if 8 << k <= top]     # every doubling from 8 B
+    if args.quick:
+        sizes = sizes[::3]
+    comm = _communicator()
+    topo = comm.topology
+    if comm.size < 2:
+        raise SystemExit("ringcomm.tune needs at least 2 ranks: mpirun -n 2 python -m ringcomm.tune")
+    if args.check:
+        comm.selector = Selector.from_env()
+        check(comm, sizes, args.rounds, 0.01 if args.quick else 0.03)
+        comm.barrier()
+        comm.close()
+        return 0
+    intra_route, inter_route = routes_of(comm.transport, topo.node_of)
+    pairs = {}
+    same = [r for r in range(1, comm.size) if topo.same_node(0, r)]
+    other = [r for r in range(1, comm.size) if not topo.same_node(0, r)]
+    if same:
+        pairs[intra_route] = same[0]
+    if other:
+        pairs.setdefault(inter_route, other[0])
+    budget = 0.02 if args.quick else 0.1
+    link_sizes = [8, 1 << 10, 8 << 10, 64 << 10, 512 << 10, 4 << 20]
+    links = dict(DEFAULT_LINKS)
+    for route, peer in pairs.items():
+        fitted = measure_link(comm, 0, peer, link_sizes, budget)
+        if comm.rank == 0:
+            links[route] = fitted
+    gammas = measure_gammas() if comm.rank == 0 else None
+    names = candidates(comm)
+    seconds = time_all_reduce(comm, sizes, [(n, n) for n in names], 2 if args.quick else args.rounds,
+                              0.01 if args.quick else 0.03)
+    if comm.rank == 0:
+        from .selector import local_sizes
+        shape = local_sizes(topo.node_of, comm.size)
+        sweep = Sweep("all_reduce", shape, (intra_route, inter_route), "float32", tuple(sizes),
+                      {k: tuple(v) for k, v in seconds.items()})
+        if intra_route == inter_route and intra_route in pairs:   # one link: calibrate its alpha
+            alpha_b = links[intra_route]
+            fitted = fit_alpha(sizes, seconds, Tuning(links, gammas).link(intra_route), shape)
+            if fitted is not None:
+                links[intra_route] = (fitted[0], alpha_b[1])
+                print(f"{intra_route}: ping-pong alpha {alpha_b[0] * 1e6:.2f} us; alpha as the collectives feel it "
+                      f"{fitted[0] * 1e6:.2f} us, plus {fitted[1] * 1e6:.1f} us per call")
+        window = comm.transport.window
+        if window is not None and "one_shot" in seconds:
+            fitted = fit_window(sizes, seconds["one_shot"], Tuning(links, gammas).link(intra_route).gamma,
+                                comm.size, window.capacity)
+            if fitted is not None:
+                links[f"{intra_route}-window"] = fitted
+                print(f"{intra_route}-window alpha {fitted[0] * 1e6:.2f} us   beta {1 / fitted[1] / 1e9:.2f} GB/s "
+                      f"(from the one-shot sweep)")
+        path = Path(args.out).expanduser() if args.out else default_path()
+        # Keep the sweeps of other job shapes (tune at -n 2, then at -n 4, into one file).
+        kept = ()
+        if path.exists():
+            try:
+                kept = tuple(s for s in load_tuning(path).sweeps
+                             if (s.collective, s.local_sizes, s.routes) != ("all_reduce", shape, sweep.routes))
+            except UsageError as err:   # an unusable old file is replaced, and the user told so
+                print(f"replacing it: {err}")
+        tuning = Tuning(links, gammas, kept + (sweep,), source="measured")
+        save_tuning(tuning, path, host=socket.gethostname(), ranks=comm.size, local_sizes=list(shape),
+                    created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        for route in pairs:
+            a, b = links[route]
+            print(f"{route:8s} alpha {a * 1e6:8.2f} us   beta {1 / b / 1e9:6.2f} GB/s")
+        print("gamma    " + "  ".join(f"{k} {1 / v / 1e9:.2f} GB/s" for k, v in gammas.items()))
+        model = Selector(tuning=Tuning(links, gammas))
+        net = model.network(comm.size, topo.node_of, "float32", (intra_route, inter_route),
+                            0 if comm.transport.window is None else comm.transport.window.capacity)
+        predicted = {name: [dict(predict("all_reduce", s, net))[name] for s in sizes] for name in seconds}
+        print(f"{'bytes':>10}  {'measured best':<20}{'model best':<20}" + "".join(f"{n[:12]:>13}" for n in seconds))
+        for i, s in enumerate(sizes):
+            best = min(seconds, key=lambda n: seconds[n][i])
+            guess = min(predicted, key=lambda n: predicted[n][i])
+            print(f"{s:>10}  {best:<20}{guess:<20}" + "".join(f"{seconds[n][i] * 1e6:>11.1f}us" for n in seconds))
+        print("measured crossovers: " + ("; ".join(f"{a} -> {b} at {s} B" for s, a, b in crossovers(sizes, seconds)) or "none"))
+        print("model crossovers:    " + ("; ".join(f"{a} -> {b} at {s} B" for s, a, b in crossovers(sizes, predicted)) or "none"))
+        print(f"wrote {path} in {time.perf_counter() - started:.1f} s")
+    comm.barrier()
+    comm.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
