@@ -21,12 +21,14 @@ import timeit
 
 import numpy as np
 
-from ringcomm import algorithms, executor
+from ringcomm import algorithms
+from ringcomm.collectives import ALL_REDUCE
+from ringcomm.communicator import Communicator
+from ringcomm.core import executor
 from ringcomm.core.buffers import as_buffer
 from ringcomm.core.envelope import Envelope
-from ringcomm.communicator import Communicator
-from ringcomm.core.ops import ReduceOp, combiner, reducer
-from ringcomm.core.schedule import DEFAULT_SEGMENT_BYTES
+from ringcomm.core.ops import ReduceOp, reducer
+from ringcomm.core.schedule import DEFAULT_SEGMENT_BYTES, Shape
 from ringcomm.transport.base import DoneRequest, Transport
 from ringcomm.transport.window import Window, region_bytes
 
@@ -65,9 +67,10 @@ def phases(nbytes: int, size: int, number: int, repeat: int) -> list[tuple[str, 
     buf = as_buffer(x, "all_reduce", "x")
     chosen = comm.selector.choose("all_reduce", x.nbytes, size)
     seg = DEFAULT_SEGMENT_BYTES // 4
-    program = algorithms.plan("all_reduce", chosen, 0, size, x.size, 0, seg)
+    shape = Shape(size, x.size, seg=seg)
+    program = algorithms.plan("all_reduce", chosen, 0, shape)
     red = reducer(ReduceOp.SUM, buf.dtype)
-    envelope = Envelope(1, "all_reduce", "float32", x.size)
+    envelope = Envelope(1, ALL_REDUCE.code, "float32", x.size)
     shared = NullTransport(0, size)
     shared.name, shared.window = "shm", mirror_window(size)   # as the shm transport on one node
     on_window = Communicator(shared)
@@ -77,16 +80,16 @@ def phases(nbytes: int, size: int, number: int, repeat: int) -> list[tuple[str, 
         (f"all_reduce(x), whole call, ranks sharing memory (auto -> {window_pick}, mirror window)",
          lambda: on_window.all_reduce(x)),
         ("  one_shot.run alone (copy in, flags, stamps, reduce)",
-         lambda: one_shot.run(shared.window, x, red, combiner(ReduceOp.SUM, buf.dtype), 1, None)),
+         lambda: one_shot.run(shared.window, x, x, red.reduce, red.combine, 1, None)),
         (f"all_reduce(x), whole call, no shared window (auto -> {chosen})", lambda: comm.all_reduce(x)),
         (f"all_reduce(x, algorithm={chosen!r})", lambda: comm.all_reduce(x, algorithm=chosen)),
         ("  as_buffer (type, dtype, layout checks)", lambda: as_buffer(x, "all_reduce", "x")),
-        ("  _check_op", lambda: comm._check_op("all_reduce", "sum", buf)),
+        ("  ALL_REDUCE.prepare (all argument checks)", lambda: ALL_REDUCE.prepare(comm, x)),
         ("  selector.choose", lambda: comm.selector.choose("all_reduce", x.nbytes, size)),
-        ("  algorithms.plan (cached program)", lambda: algorithms.plan("all_reduce", chosen, 0, size, x.size, 0, seg)),
+        ("  algorithms.plan (cached program)", lambda: algorithms.plan("all_reduce", chosen, 0, shape)),
         ("  reducer(op, dtype)", lambda: reducer(ReduceOp.SUM, buf.dtype)),
-        ("  Envelope (what peers check the call against)", lambda: Envelope(1, "all_reduce", "float32", x.size)),
-        ("  executor.run over the null transport", lambda: executor.run(program, comm.transport, x, red,
+        ("  Envelope (what peers check the call against)", lambda: Envelope(1, ALL_REDUCE.code, "float32", x.size)),
+        ("  executor.run over the null transport", lambda: executor.run(program, comm.transport, (x, x, None), red,
                                                                          envelope=envelope, timeout=300.0,
                                                                          what="w")),
         ("  one reduction kernel np.add(out=)", lambda: red(x, x)),

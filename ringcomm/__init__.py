@@ -1,26 +1,18 @@
 """ringcomm: hand-written collective communication for data-parallel training."""
-from . import algorithms
+from . import algorithms, collectives
 from .communicator import Communicator
-from .core.ops import ReduceOp
-from .errors import (
-    ArgumentTypeError,
-    CommError,
-    CommTimeoutError,
-    MismatchError,
-    NonFiniteError,
-    PeerAbortedError,
-    RingcommError,
-    UsageError,
-)
+from .core.ops import ReduceOp, premul_sum
+from .errors import (ArgumentTypeError, CommError, CommTimeoutError, MismatchError, NonFiniteError, PeerAbortedError,
+                     RingcommError, UsageError)
 from .init import init
 from .work import Work
 
 __all__ = [
-    "init", "init_process_group", "Communicator", "ReduceOp", "Work", "algorithms",
+    "init", "init_process_group", "Communicator", "ReduceOp", "premul_sum", "Work", "algorithms", "collectives",
     "RingcommError", "UsageError", "ArgumentTypeError", "CommError", "CommTimeoutError",
     "MismatchError", "NonFiniteError", "PeerAbortedError",
 ]
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 
 def __getattr__(name):

@@ -1,14 +1,15 @@
-"""The Communicator: the public collectives, validated here and run over one transport.
+"""The Communicator: the public calls, each validated by its collective and run over one transport.
 
-One call flows: validate arguments (raise before any byte moves) -> take the next sequence
-number -> choose an algorithm (forced name, or the selector's cost model) -> fetch the rank's
-cached program -> stage the work array with the transport -> execute the program -> finish
-(avg divides, reduce_scatter copies its chunk out). Async calls queue the same job on the
-communicator's progress thread; jobs always run in issue order, sync or async.
+One call flows: the collective object validates the arguments and prepares a ``Call`` (raising
+before any byte moves) -> the engine takes the next sequence number and runs the call in issue
+order (inline, or on the progress thread) -> local work before (premul scaling) -> the backend
+seam ``_collective`` (here: choose an algorithm, fetch the rank's compiled program, run it over
+the transport; reference backends call their library instead) -> local work after (avg).
+Point-to-point calls are posted in issue order and complete on their own (core/progress.py).
 """
 from __future__ import annotations
 
-import collections
+import hashlib
 import logging
 import threading
 import time
@@ -17,27 +18,25 @@ from typing import Callable, NamedTuple, Optional
 import numpy as np
 
 from . import algorithms, env
+from .collectives import (ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, BARRIER, BROADCAST, GATHER, RECV, REDUCE,
+                          REDUCE_SCATTER, SCATTER, SEND, Call)
 from .core import executor
-from .core.buffers import Buffer, address, as_buffer, check_pair
-from .core.envelope import ABORT_TAG, Envelope, static_bits, window_stamp
-from .core.ops import ReduceOp, combiner, divide_by_size, parse_op, reducer
-from .core.schedule import DEFAULT_SEGMENT_BYTES, chunk
+from .core.envelope import (ABORT_TAG, Envelope, describe_p2p_mismatch, p2p_tag, register_collective, static_bits,
+                            window_stamp)
+from .core.ops import reducer
+from .core.progress import Engine, Pending, deadline_of
+from .core.schedule import DEFAULT_SEGMENT_BYTES, Recv, Send, Shape
 from .diagnostics import preflight
 from .diagnostics.flight_recorder import FlightRecorder
-from .errors import (
-    CommError,
-    CommTimeoutError,
-    PeerAbortedError,
-    UsageError,
-    bad_type,
-    bad_value,
-)
+from .errors import CommError, CommTimeoutError, MismatchError, PeerAbortedError, UsageError, bad_type, bad_value
 from .selection.selector import Selector
 from .transport.base import Transport
 from .work import Work
 
 DEFAULT_TIMEOUT = 300.0
 PLAN_MEMO = 1024   # distinct call shapes remembered; a training loop repeats a handful
+SPLIT_CODE = 11    # the envelope code of comm.split()'s exchange
+register_collective(SPLIT_CODE, "split")
 _log = logging.getLogger("ringcomm.selector")
 
 
@@ -45,28 +44,11 @@ class _Plan(NamedTuple):
     """Everything about a call that its shape decides, worked out once per shape."""
     algorithm: str
     why: str                   # how the algorithm was chosen (for RINGCOMM_DEBUG=info)
-    one_shot: object           # the window algorithm to run, or None for a program
-    program: object            # compiled program; for a one-shot algorithm: whether there is work
+    window: object             # the window algorithm to run, or None for a program
+    program: object            # compiled program; for a window algorithm: whether there is work
     reduce: Optional[Callable]
-    combine: Optional[Callable]
     static: int                # the envelope's tag bits but the sequence number
-
-
-class Call:
-    """What a collective was asked to do: enough to fingerprint it and to record it.
-    (Slotted, not a dataclass: one is built per call, and that cost is on every call's path.)"""
-    __slots__ = ("name", "buf", "op", "root")
-
-    def __init__(self, name: str, buf: Optional[Buffer] = None, op: Optional[ReduceOp] = None, root: int = 0):
-        self.name, self.buf, self.op, self.root = name, buf, op, root
-
-    @property
-    def count(self) -> int:
-        return 0 if self.buf is None else self.buf.flat.size
-
-    @property
-    def dtype(self) -> Optional[str]:
-        return None if self.buf is None else self.buf.dtype.name
+    count: int                 # the envelope's count
 
 
 class Communicator:
@@ -74,7 +56,8 @@ class Communicator:
 
     def __init__(self, transport: Transport, *, timeout: Optional[float] = DEFAULT_TIMEOUT,
                  selector: Optional[Selector] = None, local_rank: Optional[int] = None,
-                 local_size: Optional[int] = None, node_count: int = 1, topology=None):
+                 local_size: Optional[int] = None, node_count: int = 1, topology=None,
+                 context: tuple = ()):
         self.transport = transport
         self.rank, self.size = transport.rank, transport.size
         self.local_rank = self.rank if local_rank is None else local_rank
@@ -82,175 +65,232 @@ class Communicator:
         self.node_count = node_count
         self.topology = topology   # ringcomm.topology.Topology, when known
         self.timeout = timeout
+        self.context = context     # () for the world; a split's path from it
         self.selector = selector or Selector.from_env()   # RINGCOMM_ALGO, tuning file
         self._seq = 0
+        self._seq_p2p = 0
+        self._splits = 0
         self._broken: Optional[BaseException] = None
-        self._state = threading.Lock()     # guards _seq, _outstanding, the queue
-        self._exec = threading.Lock()      # held while a collective moves data
-        self._outstanding = 0
-        self._queue: collections.deque = collections.deque()
-        self._wake = threading.Condition(self._state)
-        self._progress: Optional[threading.Thread] = None
         self._closed = False
         self._notices: list = []           # abort notices in flight; kept so they are not freed early
+        self.engine = Engine(f"rank {self.rank}", self._fail)
         self.recorder = FlightRecorder(self.rank)
-        self._entry = None                 # flight-recorder entry of the running collective
+        self._entry = None                 # flight-recorder entry of the running call
         self._plans: dict = {}            # call shape -> what _plan worked out for it
         self._plans_for = self.selector
         self.debug = env.get("RINGCOMM_DEBUG")
         self.check_finite = env.get("RINGCOMM_CHECK_FINITE")
         self._preflight_on = self.debug == "detail" or self.check_finite
         for collective, forced in self.selector.forced.items():
-            if algorithms.needs_window(collective, forced) and transport.window is None:
+            if algorithms.is_window(collective, forced) and transport.window is None:
                 raise UsageError(f"RINGCOMM_ALGO forces {collective}={forced}, which needs ranks that "
                                  f"share memory (a transport with a shared window: shm on one node, "
                                  f"or threads); this job's {transport.name} transport has none")
 
-    # ---- public collectives -------------------------------------------------------------
-    def all_reduce(self, x, op="sum", *, algorithm=None, async_op=False):
-        name = "all_reduce"
-        buf = as_buffer(x, name, "x")
-        op = self._check_op(name, op, buf)
-        algorithm = self._check_algorithm(name, algorithm, buf)
-
-        def job(seq):
-            self._collective(name, algorithm, buf.flat, buf, seq, op=op)
-            if op is ReduceOp.AVG:
-                divide_by_size(buf.flat, buf.dtype, self.size)
-            return x
-        return self._submit(Call(name, buf, op), job, async_op)
+    # ---- collectives ------------------------------------------------------------------------------
+    def all_reduce(self, x, op="sum", *, out=None, algorithm=None, async_op=False):
+        """Every rank ends with the reduction of every rank's x (in x, or in ``out``)."""
+        return self._start(ALL_REDUCE.prepare(self, x, op, out), algorithm, async_op)
 
     def broadcast(self, x, root=0, *, algorithm=None, async_op=False):
-        name = "broadcast"
-        buf = as_buffer(x, name, "x")
-        root = self._check_root(name, root)
-        algorithm = self._check_algorithm(name, algorithm)
+        """Every rank's x becomes root's x."""
+        return self._start(BROADCAST.prepare(self, x, root), algorithm, async_op)
 
-        def job(seq):
-            self._collective(name, algorithm, buf.flat, buf, seq, root=root)
-            return x
-        return self._submit(Call(name, buf, root=root), job, async_op)
+    def reduce(self, x, root=0, op="sum", *, out=None, algorithm=None, async_op=False):
+        """Root ends with the reduction (in its x, or in ``out`` on root); no other rank's x changes."""
+        return self._start(REDUCE.prepare(self, x, root, op, out), algorithm, async_op)
 
-    def reduce(self, x, root=0, op="sum", *, algorithm=None, async_op=False):
-        name = "reduce"
-        buf = as_buffer(x, name, "x")
-        root = self._check_root(name, root)
-        op = self._check_op(name, op, buf)
-        algorithm = self._check_algorithm(name, algorithm)
+    def all_gather(self, out, x, *, counts=None, algorithm=None, async_op=False):
+        """out = every rank's x, concatenated in rank order (``counts``: per-rank sizes)."""
+        return self._start(ALL_GATHER.prepare(self, out, x, counts), algorithm, async_op)
 
-        def job(seq):
-            # Non-roots reduce in a copy: like MPI_Reduce, their input stays as it was.
-            work = buf.flat if self.rank == root else buf.flat.copy()
-            self._collective(name, algorithm, work, buf, seq, op=op, root=root)
-            if self.rank == root and op is ReduceOp.AVG:
-                divide_by_size(work, buf.dtype, self.size)
-            return x
-        return self._submit(Call(name, buf, op, root), job, async_op)
+    def reduce_scatter(self, out, x, op="sum", *, counts=None, algorithm=None, async_op=False):
+        """out = this rank's part of the reduction of every rank's x (``counts``: per-rank parts)."""
+        return self._start(REDUCE_SCATTER.prepare(self, out, x, op, counts), algorithm, async_op)
 
-    def all_gather(self, out, x, *, algorithm=None, async_op=False):
-        name = "all_gather"
-        xb, ob = as_buffer(x, name, "x"), as_buffer(out, name, "out")
-        check_pair(name, ob, xb, self.size * xb.numel)
-        algorithm = self._check_algorithm(name, algorithm)
+    def all_to_all(self, out, x, out_splits=None, in_splits=None, *, algorithm=None, async_op=False):
+        """Block j of x goes to rank j; out holds every rank's block for this rank, in rank order."""
+        return self._start(ALL_TO_ALL.prepare(self, out, x, out_splits, in_splits), algorithm, async_op)
 
-        def job(seq):
-            off, n = chunk(ob.numel, self.size, self.rank)
-            own = ob.flat[off:off + n]
-            if address(own) != address(xb.flat):   # skip the copy when x is out's own chunk
-                own[...] = xb.flat
-            self._collective(name, algorithm, ob.flat, ob, seq)
-            return out
-        return self._submit(Call(name, xb), job, async_op)
+    def gather(self, out, x, root=0, *, algorithm=None, async_op=False):
+        """Root's out = every rank's x, concatenated in rank order (out None on other ranks)."""
+        return self._start(GATHER.prepare(self, out, x, root), algorithm, async_op)
 
-    def reduce_scatter(self, out, x, op="sum", *, algorithm=None, async_op=False):
-        name = "reduce_scatter"
-        xb, ob = as_buffer(x, name, "x"), as_buffer(out, name, "out")
-        check_pair(name, ob, xb, xb.numel // self.size if xb.numel % self.size == 0 else -1)
-        op = self._check_op(name, op, xb)
-        algorithm = self._check_algorithm(name, algorithm)
-
-        def job(seq):
-            work = xb.flat.copy()   # the input is left untouched, as in torch and MPI
-            self._collective(name, algorithm, work, xb, seq, op=op)
-            off, n = chunk(work.size, self.size, self.rank)
-            ob.flat[...] = work[off:off + n]
-            if op is ReduceOp.AVG:
-                divide_by_size(ob.flat, ob.dtype, self.size)
-            return out
-        return self._submit(Call(name, xb, op), job, async_op)
+    def scatter(self, out, x, root=0, *, algorithm=None, async_op=False):
+        """out = block ``rank`` of root's x (x None on other ranks)."""
+        return self._start(SCATTER.prepare(self, out, x, root), algorithm, async_op)
 
     def barrier(self, *, algorithm=None, async_op=False):
-        name = "barrier"
-        algorithm = self._check_algorithm(name, algorithm)
-        empty = np.empty(0, np.uint8)
+        return self._start(BARRIER.prepare(self), algorithm, async_op)
 
-        def job(seq):
-            self._collective(name, algorithm, empty, None, seq)
-        return self._submit(Call(name), job, async_op)
+    # ---- point to point ---------------------------------------------------------------------------
+    def send(self, x, dst, tag=0, *, async_op=False):
+        """Send x to rank ``dst``; matched by the receive of ``dst`` with the same tag, in order."""
+        return self._point_to_point(SEND.prepare(self, x, dst, tag), async_op)
 
-    # ---- lifecycle ------------------------------------------------------------------------
+    def recv(self, out, src, tag=0, *, async_op=False):
+        """Receive into ``out`` from rank ``src`` (None: any rank; the blocking call then returns
+        ``(out, source)`` and the Work has ``source``)."""
+        return self._point_to_point(RECV.prepare(self, out, src, tag), async_op)
+
+    # ---- sub-communicators ------------------------------------------------------------------------
+    def split(self, color, key=0) -> Optional["Communicator"]:
+        """MPI_Comm_split: ranks passing the same ``color`` form one new communicator, ordered by
+        ``key`` then by rank; ``color=None`` gets None. Collective over this communicator. The new
+        one has its own sequence numbers and tags and shares this one's transports."""
+        if color is not None and (isinstance(color, bool) or not isinstance(color, (int, np.integer)) or color < 0):
+            raise bad_value("split", "color", "an int >= 0 or None", color)
+        if isinstance(key, bool) or not isinstance(key, (int, np.integer)):
+            raise bad_type("split", "key", "an int", type(key).__name__)
+        call = Call(_SPLIT, None, None, dtype=None, count=0, result=None)
+        return self._submit(call, lambda seq: self._split(seq, color, int(key)), async_op=False)
+
+    def dup(self) -> "Communicator":
+        """A communicator of the same ranks with its own sequence numbers and tags: for a second
+        thread that runs collectives of its own (collective over this communicator)."""
+        return self.split(0, self.rank)
+
+    def _split(self, seq: int, color: Optional[int], key: int) -> Optional["Communicator"]:
+        mine = np.array([-1 if color is None else color, key, self._window_slots()], np.int64)
+        table = np.zeros(3 * self.size, np.int64)
+        table[3 * self.rank:3 * self.rank + 3] = mine
+        program = algorithms.plan("all_gather", "ring", self.rank, Shape(self.size, table.size, seg=table.size))
+        executor.run(program, self.transport, (table, table, None), None,
+                     envelope=Envelope(seq, SPLIT_CODE, "int64", table.size), timeout=self.timeout,
+                     what=f"split #{seq}")
+        rows = table.reshape(self.size, 3)
+        self._splits += 1
+        groups: dict = {}
+        for r in range(self.size):
+            if rows[r, 0] >= 0:
+                groups.setdefault(int(rows[r, 0]), []).append(r)
+        for members in groups.values():
+            members.sort(key=lambda r: (int(rows[r, 1]), r))
+        members = groups.get(color) if color is not None else None
+        path = self.context + ((self._splits, color),)
+        slot = None
+        if members is not None:
+            free = int(np.bitwise_and.reduce(rows[members, 2])) if members else 0
+            slot = (free & -free).bit_length() - 1 if free else None
+        transport = self.transport.split(members, color, key, _context_id(path), slot)
+        if members is None:
+            return None
+        nodes = None if self.topology is None else tuple(self.topology.node_of[r] for r in members)
+        from .topology import Topology
+        topology = None if nodes is None else Topology.from_names(members.index(self.rank), nodes)
+        return type(self)._sub(self, transport, topology, path)
+
+    def _window_slots(self) -> int:
+        """Bit mask of the shared-window slots this rank can still give a sub-communicator."""
+        free = getattr(self.transport, "free_window_slots", None)
+        return 0 if free is None else free()
+
+    def _sub(self, transport, topology, path) -> "Communicator":
+        return Communicator(transport, timeout=self.timeout, selector=self.selector,
+                            local_rank=None if topology is None else topology.local_rank,
+                            local_size=None if topology is None else topology.local_size,
+                            node_count=1 if topology is None else topology.node_count,
+                            topology=topology, context=path)
+
+    # ---- lifecycle --------------------------------------------------------------------------------
     def abort(self, reason: str = "aborted by the user") -> None:
-        err = CommError(reason)
-        self._broken = self._broken or err
+        """Give up: peers waiting on this rank raise PeerAbortedError carrying ``reason``."""
+        err = CommError(f"rank {self.rank} aborted: {reason}")
+        self._fail(err)
         self.transport.abort(err)
         self.close()
         self.transport.close()
 
     def close(self) -> None:
-        with self._state:
-            self._closed = True
-            self._wake.notify_all()
-        if self._progress is not None and self._progress is not threading.current_thread():
-            self._progress.join(timeout=5)
+        """No further calls (they raise at once); calls already issued finish first."""
+        self._closed = True
+        self.engine.close(timeout=(self.timeout or DEFAULT_TIMEOUT) + 5)
+
+    def _allow_thread(self, thread: threading.Thread) -> None:
+        """Let ``thread`` call on behalf of whichever thread has calls in flight (integrations
+        whose completion callbacks issue collectives, like torch's DDP comm hooks)."""
+        with self.engine.state:
+            self.engine.delegates.add(thread)
 
     def __repr__(self) -> str:
         return f"<ringcomm.Communicator backend={self.backend} rank={self.rank} size={self.size}>"
 
-    # ---- argument checks (calling rank, before any communication) ---------------------------
-    def _check_op(self, name: str, op, buf: Buffer) -> ReduceOp:
-        op = parse_op(op, name)
-        if op is ReduceOp.AVG and not buf.dtype.is_float:
-            raise bad_value(name, "op", f"sum, prod, min or max for integer dtype {buf.dtype.name}", "avg")
-        return op
-
-    def _check_root(self, name: str, root) -> int:
-        if isinstance(root, bool) or not isinstance(root, (int, np.integer)):
-            raise bad_type(name, "root", "an int", type(root).__name__)
-        if not 0 <= root < self.size:
-            raise bad_value(name, "root", f"a rank in [0, {self.size - 1}]", int(root))
-        return int(root)
-
-    def _check_algorithm(self, name: str, algorithm, buf: Optional[Buffer] = None) -> Optional[str]:
+    # ---- argument checks (calling rank, before any communication) ---------------------------------
+    def _check_algorithm(self, call: Call, algorithm) -> Optional[str]:
+        name = call.name
         if algorithm is None:
             return None
         if not isinstance(algorithm, str):
             raise bad_type(name, "algorithm", "a str or None", type(algorithm).__name__)
-        algorithms.get(name, algorithm)
-        if algorithms.needs_window(name, algorithm) and self._window_for(buf) is None:
+        chosen = algorithms.get(name, algorithm)
+        if chosen.kind == "window" and self._window_for(call) is None:
             raise bad_value(name, "algorithm", f"an algorithm other than {algorithm} (it needs ranks that "
                             f"share host memory; this {self.transport.name} transport offers no window for "
-                            f"{'this array' if buf is not None and buf.device != 'cpu' else 'this job'})",
-                            algorithm)
+                            f"{'this array' if call.device != 'cpu' else 'this job'})", algorithm)
+        if chosen.kind == "schedule" and chosen.even_only and call.collective.is_uneven(call):
+            raise bad_value(name, "algorithm", f"an algorithm for uneven counts (not {algorithm}, which needs "
+                            f"equal counts on every rank)", algorithm)
         return algorithm
 
-    def _window_for(self, buf: Optional[Buffer]):
-        """The transport's shared window, if this buffer may use it (host memory only)."""
-        return self.transport.window if buf is None or buf.device == "cpu" else None
+    def _window_for(self, call: Call):
+        """The transport's shared window, if this call may use it (host memory only)."""
+        return self.transport.window if call.device == "cpu" else None
 
-    # ---- execution ----------------------------------------------------------------------------
-    def _collective(self, name: str, algorithm: Optional[str], work: np.ndarray, buf: Optional[Buffer],
-                    seq: int, *, op: Optional[ReduceOp] = None, root: int = 0) -> None:
-        """Run collective ``name`` in place on the flat array ``work``: the backend seam.
+    # ---- execution --------------------------------------------------------------------------------
+    def _start(self, call: Call, algorithm, async_op: bool):
+        algorithm = self._check_algorithm(call, algorithm)
+        collective = call.collective
 
-        Semantics per collective (W = work): all_reduce, every rank's W becomes the reduction;
-        broadcast, W becomes root's W; reduce, root's W becomes the reduction (other ranks' W is a
-        scratch copy); all_gather, W holds size chunks, rank r's already filled, and all become
-        filled; reduce_scatter, chunk r of rank r's W becomes the reduction of everyone's chunk r;
-        barrier, W is empty. For ``op`` AVG, reduce as a sum: the callers divide afterwards.
-        Reference backends (MPI, gloo, NCCL) override this method and nothing else.
-        """
-        dtype = None if buf is None else buf.dtype
-        key = (name, algorithm, work.size, dtype, op, root, buf is None or buf.device == "cpu")
+        def job(seq):
+            collective.before(call, self.rank, self.size)
+            self._collective(call, algorithm, seq)
+            collective.after(call, self.rank, self.size)
+            return call.result
+        return self._submit(call, job, async_op)
+
+    def _collective(self, call: Call, algorithm: Optional[str], seq: int) -> None:
+        """Move the data of ``call``: the backend seam. Reference backends (MPI, gloo, NCCL)
+        override this method and nothing else; ``call.arrays()`` are its input and output."""
+        plan = self._plan_for(call, algorithm)
+        if _log.isEnabledFor(logging.INFO):   # RINGCOMM_DEBUG=info: why this algorithm ran
+            _log.info("rank %d %s #%d: %s, %d x %s (%s)", self.rank, call.name, seq, plan.algorithm, call.count,
+                      call.dtype.name if call.dtype else "bytes", plan.why)
+        self._entry.algorithm = plan.algorithm
+        if not plan.program:
+            return
+        inp, out = call.arrays()
+        dname = call.dtype.name if call.dtype else None
+        if plan.window is not None:
+            if self.size == 1:
+                if not call.in_place:
+                    out[...] = inp
+                return
+            started = self._entry.started   # the deadline counts from the start of the call
+            red = plan.reduce
+            plan.window.run(self.transport.window, inp, out, red.reduce, red.combine,
+                            window_stamp(seq, plan.static, call.count),
+                            lambda: executor.WindowGuard(
+                                self.transport, Envelope(seq, call.collective.code, dname, plan.count),
+                                self.timeout, self._what(call, seq, plan.algorithm), started, call.count))
+            return
+        envelope = Envelope(seq, call.collective.code, dname, plan.count)
+        bufs = (inp, out, None)
+        what = self._what(call, seq, plan.algorithm)
+        if type(self.transport).stage is Transport.stage:   # nothing to stage: skip the ~1 us context
+            executor.run(plan.program, self.transport, bufs, plan.reduce, envelope=envelope, timeout=self.timeout,
+                         what=what)
+            return
+        with self.transport.stage(tuple(a for a in (inp, out) if a is not None)):
+            executor.run(plan.program, self.transport, bufs, plan.reduce, envelope=envelope, timeout=self.timeout,
+                         what=what)
+
+    @staticmethod
+    def _what(call: Call, seq: int, algorithm: str) -> str:
+        return f"{call.name} #{seq} ({algorithm}, {call.count} x {call.dtype.name if call.dtype else 'bytes'})"
+
+    def _plan_for(self, call: Call, forced: Optional[str]) -> _Plan:
+        key = (call.collective, forced, call.count, call.counts, call.recv_counts, call.root, call.in_place,
+               call.dtype, call.op, call.device != "cpu")
         if self._plans_for is not self.selector:   # a new selector (tuning, forcing) decides afresh
             self._plans.clear()
             self._plans_for = self.selector
@@ -258,80 +298,81 @@ class Communicator:
         if plan is None:
             if len(self._plans) >= PLAN_MEMO:
                 self._plans.clear()
-            plan = self._plans[key] = self._plan(key, work.itemsize if buf is None else dtype.itemsize)
-        chosen, how, one_shot, program, reduce, combine, static = plan
-        if _log.isEnabledFor(logging.INFO):   # RINGCOMM_DEBUG=info: why this algorithm ran
-            _log.info("rank %d %s #%d: %s, %d x %s (%s)", self.rank, name, seq, chosen, work.size,
-                      dtype.name if dtype else "bytes", how)
-        self._entry.algorithm = chosen
-        dname = None if dtype is None else dtype.name
-        if one_shot is not None:
-            if program:   # more than one rank and something to reduce
-                started = self._entry.started   # the deadline counts from the start of the call
-                one_shot.run(self.transport.window, work, reduce, combine,
-                             window_stamp(seq, static, work.size),
-                             lambda: executor.WindowGuard(
-                                 self.transport, Envelope(seq, name, dname, work.size), self.timeout,
-                                 f"{name} #{seq} ({chosen}, {work.size} x {dname})", started, work.size))
-            return
-        if not program:
-            return
-        what = f"{name} #{seq} ({chosen}, {work.size} x {dname or 'bytes'})"
-        envelope = Envelope(seq, name, dname, work.size)
-        if type(self.transport).stage is Transport.stage:   # nothing to stage: skip the ~1 us context
-            executor.run(program, self.transport, work, reduce, envelope=envelope, timeout=self.timeout, what=what)
-            return
-        with self.transport.stage((work,)):
-            executor.run(program, self.transport, work, reduce, envelope=envelope, timeout=self.timeout, what=what)
+            plan = self._plans[key] = self._plan(call, forced)
+        return plan
 
-    def _plan(self, key: tuple, itemsize: int) -> _Plan:
-        name, forced, count, dtype, op, root, host = key
+    def _plan(self, call: Call, forced: Optional[str]) -> _Plan:
+        collective, name = call.collective, call.name
         nodes = None if self.topology is None else self.topology.node_of
-        chosen = forced or self.selector.choose(name, count * itemsize, self.size,
-                                                dtype=dtype.name if dtype else "uint8", nodes=nodes,
-                                                transport=self.transport, window=host)
+        host = call.device == "cpu"
+        nbytes = collective.nbytes(call)
+        chosen = forced or self.selector.choose(name, nbytes, self.size, dtype=call.dtype.name if call.dtype else "uint8",
+                                                nodes=nodes, transport=self.transport, window=host,
+                                                uneven=collective.is_uneven(call))
         how = "algorithm= argument" if forced else \
             "RINGCOMM_ALGO" if name in self.selector.forced else "cost model"
-        reduce = None if op is None else reducer(op, dtype)
-        combine = None if op is None else combiner(op, dtype)
-        static = static_bits(name, dtype.name if dtype else None, count)
-        if algorithms.needs_window(name, chosen):
-            return _Plan(chosen, how, algorithms.get(name, chosen), self.size > 1 and count > 0, reduce, combine,
-                         static)
-        seg = max(1, DEFAULT_SEGMENT_BYTES // itemsize)
-        program = algorithms.plan(name, chosen, self.rank, self.size, count, root, seg, nodes)
-        return _Plan(chosen, how, None, program, reduce, combine, static)
+        if not host and algorithms.is_window(name, chosen):
+            raise UsageError(f"{name}: algorithm {chosen} ({how}) runs on host shared memory only; this call's "
+                             f"buffers are device memory: force a schedule algorithm "
+                             f"({', '.join(n for n in algorithms.names(name) if not algorithms.is_window(name, n))})")
+        reduce = None if call.op is None else reducer(call.op, call.dtype)
+        count = collective.envelope_count(call)
+        static = static_bits(collective.code, call.dtype.name if call.dtype else None, count)
+        if algorithms.is_window(name, chosen):
+            return _Plan(chosen, how, algorithms.get(name, chosen), call.count > 0, reduce, static, count)
+        seg = max(1, DEFAULT_SEGMENT_BYTES // (call.dtype.itemsize if call.dtype else 1))
+        program = algorithms.plan(name, chosen, self.rank, call.shape(self.size, seg, nodes),
+                                  collective.confirms(call))
+        return _Plan(chosen, how, None, program, reduce, static, count)
 
-    def _submit(self, call: "Call", job: Callable, async_op: bool):
-        with self._state:
-            if self._broken is not None:
-                raise CommError(f"{call.name} on rank {self.rank}: communicator is unusable after an earlier "
-                                f"failure: {self._broken}") from self._broken
+    def _submit(self, call: Call, job: Callable, async_op: bool):
+        engine = self.engine
+        with engine.state:
+            self._check_usable(call.name)
+            engine.admit(f"{call.name} on rank {self.rank}")
             seq = self._seq
             self._seq += 1
-            entry = self.recorder.record(seq, call.name, call.count, call.dtype)
-            inline = not async_op and self._outstanding == 0
-            self._outstanding += 1
-            if not inline:
+            entry = self.recorder.record(seq, call.name, call.count, call.dtype and call.dtype.name)
+            inline = not async_op and engine.outstanding == 0
+            if inline:
+                engine.outstanding += 1
+            else:
                 work = Work(f"{call.name} #{seq} on rank {self.rank}")
-                self._queue.append((seq, call, job, work, entry))
-                self._ensure_progress_thread()
-                self._wake.notify()
+
+                def run():
+                    result, error = None, None
+                    try:
+                        with engine.exec:
+                            result = self._execute(seq, call, job, entry)
+                    except BaseException as err:  # surfaced to the caller through Work.wait()
+                        error = err
+                    engine.done()
+                    work._finish(result, error)
+                engine.enqueue(run)
         if inline:
             try:
-                with self._exec:
+                with engine.exec:
                     return self._execute(seq, call, job, entry)
             finally:
-                with self._state:
-                    self._outstanding -= 1
+                engine.done()
         return work if async_op else work.wait()
 
-    def _execute(self, seq: int, call: "Call", job: Callable, entry):
+    def _check_usable(self, what: str) -> None:
+        if self._closed:
+            raise CommError(f"{what} on rank {self.rank}: the communicator is closed")
+        if self._broken is not None:
+            raise CommError(f"{what} on rank {self.rank}: communicator is unusable after an earlier "
+                            f"failure: {self._broken}") from self._broken
+
+    def _execute(self, seq: int, call: Call, job: Callable, entry):
         """Run one job (under the exec lock): pre-flight, data movement, bookkeeping on failure."""
         self._entry = entry
         entry.state, entry.started = "running", time.monotonic()
         try:
-            if self._preflight_on:
+            if self._broken is not None:   # queued before an earlier call failed
+                raise CommError(f"{call.name} #{seq} on rank {self.rank}: not run: the communicator failed "
+                                f"earlier: {self._broken}") from self._broken
+            if self._preflight_on and call.collective.name != "split":
                 self._preflight(seq, call)
             result = job(seq)
         except CommError as err:
@@ -344,11 +385,12 @@ class Communicator:
         entry.state, entry.ended = "done", time.monotonic()
         return result
 
-    def _preflight(self, seq: int, call: "Call") -> None:
-        non_finite = self.check_finite and call.buf is not None and \
-            preflight.has_non_finite(call.buf.flat, call.buf.dtype.name)
-        mine = preflight.fingerprint(call.name, seq, call.count, call.dtype, call.op and call.op.value,
-                                     call.root, non_finite)
+    def _preflight(self, seq: int, call: Call) -> None:
+        buf = call.inp
+        non_finite = self.check_finite and buf is not None and \
+            preflight.has_non_finite(buf.flat, buf.dtype.name)
+        mine = preflight.fingerprint(call.collective.code, seq, call.collective.envelope_count(call),
+                                     call.dtype and call.dtype.name, call.op and call.op.value, call.root, non_finite)
         preflight.check(self.transport, self.timeout, f"{call.name} #{seq}", mine,
                         check_fields=self.debug == "detail")
 
@@ -367,26 +409,120 @@ class Communicator:
                     except CommError:
                         pass   # that peer is gone too: nothing to tell it
 
-    def _ensure_progress_thread(self) -> None:
-        if self._progress is None:
-            self._progress = threading.Thread(target=self._progress_loop, daemon=True,
-                                              name=f"ringcomm-progress-{self.rank}")
-            self._progress.start()
+    # ---- point to point ---------------------------------------------------------------------------
+    def _point_to_point(self, call: Call, async_op: bool):
+        """Post in issue order, complete on its own (core/progress.py)."""
+        engine = self.engine
+        with engine.state:
+            self._check_usable(call.name)
+            engine.admit(f"{call.name} on rank {self.rank}")
+            self._seq_p2p += 1
+            seq = self._seq_p2p
+            work = Work(f"{call.name} #{seq} {'to' if call.name == 'send' else 'from'} "
+                        f"{'any rank' if call.peer is None else f'rank {call.peer}'} (tag {call.tag}) on rank {self.rank}")
+            work._result = call.result
 
-    def _progress_loop(self) -> None:
-        while True:
-            with self._state:
-                while not self._queue and not self._closed:
-                    self._wake.wait()
-                if not self._queue:
+            def post():
+                try:
+                    if self._broken is not None:
+                        raise CommError(f"{work.description}: not posted: the communicator failed earlier: "
+                                        f"{self._broken}")
+                    with engine.exec:
+                        test = self._post(call, work)
+                except BaseException as err:
+                    engine.done()
+                    work._finish(None, err)
                     return
-                seq, call, job, work, entry = self._queue.popleft()
-            result, error = None, None
-            try:
-                with self._exec:
-                    result = self._execute(seq, call, job, entry)
-            except BaseException as err:  # surfaced to the caller through Work.wait()
-                error = err
-            with self._state:
-                self._outstanding -= 1
-            work._finish(result, error)
+                engine.pending.append(Pending(_with_deadline(test, self.timeout, work.description), work,
+                                              work.description))
+            engine.enqueue(post)
+        if async_op:
+            return work
+        result = work.wait()
+        return (result, work.source) if call.name == "recv" and call.peer is None else result
+
+    def _post(self, call: Call, work: Work) -> Callable[[], bool]:
+        """Post one send or receive; return the test the progress thread polls until it is done."""
+        transport, flat = self.transport, (call.inp if call.name == "send" else call.out).flat
+        tag = p2p_tag(call.dtype.name, call.tag)
+        deadline = deadline_of(self.timeout)
+        watch = _P2PWatch(self, call, work.description, deadline)
+        if call.name == "send":
+            request = transport.isend(flat, call.peer, tag)
+            return lambda: request.test() or watch.stalled(call.peer, Send(call.peer, 0, call.count))
+        if call.peer is not None:
+            work.source = call.peer
+            request = transport.irecv(flat, call.peer, tag)
+            return lambda: request.test() or watch.stalled(call.peer, Recv(call.peer, 0, call.count))
+        found: list = []
+
+        def any_source() -> bool:   # find the first message under this tag, then receive it
+            if not found:
+                hit = transport.probe(None, tag)
+                if hit is None:
+                    return watch.stalled(None, Recv(-1, 0, call.count))
+                work.source = hit[0]
+                found.append(transport.irecv(flat, hit[0], tag))
+            return found[0].test() or watch.stalled(work.source, Recv(work.source, 0, call.count))
+        return any_source
+
+
+class _P2PWatch:
+    """Deadline and diagnosis of one point-to-point operation (False while it may still finish)."""
+
+    def __init__(self, comm: Communicator, call: Call, what: str, deadline: Optional[float]):
+        self.comm, self.call, self.what, self.deadline = comm, call, what, deadline
+        self.next_probe = time.monotonic() + executor.DIAGNOSE_EVERY
+
+    def stalled(self, peer: Optional[int], op) -> bool:
+        now = time.monotonic()
+        if self.deadline is not None and now >= self.deadline:
+            raise CommTimeoutError(f"{self.what}: timed out after {self.comm.timeout:g} s "
+                                   f"({self.call.count} x {self.call.dtype.name})")
+        if now < self.next_probe:
+            return False
+        self.next_probe = now + executor.DIAGNOSE_EVERY
+        transport = self.comm.transport
+        notice = transport.probe(peer, ABORT_TAG) if peer is not None else transport.probe(None, ABORT_TAG)
+        if notice is not None:
+            raise PeerAbortedError(f"{self.what}: {executor.read_notice(transport, notice)}")
+        if self.call.name == "recv" and peer is not None:
+            first = transport.probe(peer)
+            reason = None if first is None else describe_p2p_mismatch(first[1], self.call.dtype.name, self.call.tag,
+                                                                      peer)
+            if reason:
+                raise MismatchError(f"{self.what}: {reason}")
+        return False
+
+
+def _with_deadline(test: Callable[[], bool], timeout: Optional[float], what: str) -> Callable[[], bool]:
+    """``test`` that raises CommTimeoutError once ``timeout`` seconds have passed unfinished."""
+    deadline = deadline_of(timeout)
+
+    def guarded() -> bool:
+        if test():
+            return True
+        if deadline is not None and time.monotonic() >= deadline:
+            raise CommTimeoutError(f"{what}: timed out after {timeout:g} s")
+        return False
+    return guarded
+
+
+class _Split:
+    """Stands in for a collective object in the records of comm.split()."""
+    name = "split"
+    code = SPLIT_CODE
+
+    def envelope_count(self, call):
+        return 0
+
+
+_SPLIT = _Split()
+
+
+def _context_id(path: tuple) -> int:
+    """A 31-bit id for a sub-communicator, the same on every member: its path of splits from the
+    world (which split of which parent, which color). Transports keep streams apart with it."""
+    digest = hashlib.blake2b(repr(path).encode(), digest_size=4).digest()
+    return (int.from_bytes(digest, "little") & 0x7FFFFFFF) or 1
+

@@ -10,10 +10,11 @@ from .errors import CommTimeoutError
 class Work:
     """The result of ``async_op=True``: ``wait()`` returns the output buffer or raises its error."""
 
-    __slots__ = ("description", "_done", "_result", "_error")
+    __slots__ = ("description", "_done", "_result", "_error", "source")
 
     def __init__(self, description: str):
         self.description = description
+        self.source = None   # the sender of a receive from any rank, once it completed
         self._done = threading.Event()
         self._result = None
         self._error: Optional[BaseException] = None

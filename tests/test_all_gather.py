@@ -1,41 +1,41 @@
-"""all_gather: out holds every rank's x, rank-major, exactly; in place and out of place."""
-import numpy as np
+"""all_gather: out holds every rank's x, rank-major, exactly; even and uneven counts (zeros among
+them), in place and out of place."""
 import pytest
-import torch
 
-from grid import SIZES, cases, make, raw_bytes, values
+from collective_grid import run
+from grid import SIZES, Case, data_cases, empty, make, raw_bytes, thin, uneven_counts, values
 from ringcomm import algorithms
-from ringcomm.testing import run_threads
 
 
-def empty_like_n(x, n):
-    if isinstance(x, torch.Tensor):
-        return torch.empty(n * x.numel(), dtype=x.dtype)
-    return np.empty(n * x.size, dtype=x.dtype)
+def counts_of(case, size):
+    return case.extra[1] if case.extra[1] is not None else (case.count,) * size
 
 
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("algorithm", algorithms.names("all_gather") + [None])
 def test_all_gather(algorithm, size):
-    case_list = cases(size, ops=["sum"], big=algorithm is not None)
-    inputs = [[values(c, r, c.count) for c in case_list] for r in range(size)]
+    base = thin(data_cases(size, big=algorithm is not None), size)
+    case_list = []
+    for i, c in enumerate(base):
+        uneven = uneven_counts(size, i) if i % 3 == 1 else None
+        case_list.append(Case(c.count, c.dtype, c.op, c.kind, ("in" if i % 2 else "out", uneven)))
 
-    def rank_fn(comm):
-        outs = []
-        for c, v in zip(case_list, inputs[comm.rank]):
-            x = make(c, v)
-            out = empty_like_n(x, comm.size)
-            assert comm.all_gather(out, x, algorithm=algorithm) is out
-            outs.append(out)
-            inplace = empty_like_n(x, comm.size)       # x is out's own chunk
-            own = inplace[comm.rank * c.count:(comm.rank + 1) * c.count]
+    def call(comm, c, v):
+        where, uneven = c.extra
+        counts = counts_of(c, comm.size)
+        x = make(c, v)
+        out = empty(c, sum(counts))
+        if where == "in":   # x is out's own part
+            off = sum(counts[:comm.rank])
+            own = out[off:off + counts[comm.rank]]
             own[...] = x
-            comm.all_gather(inplace, own, algorithm=algorithm)
-            outs.append(inplace)
-        return outs
-    results = run_threads(size, rank_fn, timeout=120)
-    for i, c in enumerate(case_list):
-        expected = b"".join(raw_bytes(make(c, inputs[r][i])) for r in range(size))
+            x = own
+        assert comm.all_gather(out, x, counts=uneven, algorithm=algorithm) is out
+        return out
+
+    def inputs(c, r):
+        return values(c, r, counts_of(c, size)[r])
+    for c, (outs, per_rank) in zip(case_list, run(size, case_list, inputs, call)):
+        expected = b"".join(raw_bytes(make(c, per_rank[r])) for r in range(size))
         for r in range(size):
-            for k in (2 * i, 2 * i + 1):
-                assert raw_bytes(results[r][k]) == expected, f"{algorithm} n={size} rank {r} {c} ({k % 2=})"
+            assert raw_bytes(outs[r]) == expected, f"{algorithm} n={size} rank {r} {c}"

@@ -1,37 +1,40 @@
-"""all_reduce: every algorithm x world size 1..16 x count x dtype x op, against float64, bitwise."""
+"""all_reduce: every algorithm x world size 1..16 x count x dtype x op, in place and out of place,
+against the collective's reference (float64 or exact), bitwise identical on every rank."""
 import numpy as np
 import pytest
+import torch
 
-from grid import SIZES, assert_close, assert_identical, cases, make, reference, values
-from ringcomm import algorithms
+import ringcomm
+from collective_grid import run
+from grid import (FACTOR, SIZES, assert_close, assert_identical, empty, make, op_arg, raw_bytes,
+                  reduction_cases, thin, values)
+from ringcomm import algorithms, collectives
 from ringcomm.testing import run_threads
 
+REF = collectives.get("all_reduce")
 
-def run_cases(size, algorithm, case_list):
-    inputs = [[values(c, r, c.count) for c in case_list] for r in range(size)]
 
-    def rank_fn(comm):
-        outs = []
-        for c, v in zip(case_list, inputs[comm.rank]):
-            x = make(c, v)
-            assert comm.all_reduce(x, op=c.op, algorithm=algorithm) is x
-            outs.append(x)
-        return outs
-    return inputs, run_threads(size, rank_fn, timeout=120)
+def call(comm, case, v, algorithm):
+    x = make(case, v)
+    if case.extra == ("out",):
+        keep, out = raw_bytes(x), empty(case, case.count)
+        assert comm.all_reduce(x, op=op_arg(case), out=out, algorithm=algorithm) is out
+        assert raw_bytes(x) == keep, "out of place: x must not change"
+        return out
+    assert comm.all_reduce(x, op=op_arg(case), algorithm=algorithm) is x
+    return x
 
 
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("algorithm", algorithms.names("all_reduce") + [None])
 def test_all_reduce(algorithm, size):
-    case_list = cases(size, big=algorithm is not None)
-    inputs, results = run_cases(size, algorithm, case_list)
-    for i, c in enumerate(case_list):
-        per_rank = [inputs[r][i] for r in range(size)]
-        ref = reference(c, per_rank)
-        outs = [results[r][i] for r in range(size)]
-        assert_identical(outs, f"{algorithm} n={size} {c}")
-        for r in range(size):
-            assert_close(c, outs[r], ref, per_rank, f"{algorithm} n={size} rank {r}")
+    case_list = [c if i % 2 else type(c)(c.count, c.dtype, c.op, c.kind, ("out",))
+                 for i, c in enumerate(thin(reduction_cases(size, big=algorithm is not None), size))]
+    for case, (outs, per_rank) in zip(case_list, run(size, case_list, lambda c, r: values(c, r, c.count),
+                                                         lambda comm, c, v: call(comm, c, v, algorithm))):
+        ref = REF.reference(per_rank, op=case.op, dtype=case.dtype, factor=FACTOR)[0]
+        assert_identical(outs, f"{algorithm} n={size} {case}")
+        assert_close(case, outs[0], ref, per_rank, f"{algorithm} n={size}")
 
 
 @pytest.mark.parametrize("algorithm", algorithms.names("all_reduce"))
@@ -47,10 +50,20 @@ def test_all_reduce_async_ops_complete_in_issue_order(algorithm):
         assert (blocking == 5).all() and all(done)
 
 
-def test_avg_of_half_precision_is_identical_and_close():
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("size", [2, 3, 5])
+def test_half_precision_avg_never_overflows_when_the_average_is_representable(dtype, size):
     def rank_fn(comm):
-        x = np.full(33, 0.1 * (comm.rank + 1), dtype=np.float16)
+        x = torch.full((9,), 60000.0 if dtype == "float16" else 3e38, dtype=getattr(torch, dtype))
         return comm.all_reduce(x, op="avg")
-    outs = run_threads(7, rank_fn)
-    assert len({o.tobytes() for o in outs}) == 1
-    assert abs(float(outs[0][0]) - 0.4) < 2e-3
+    outs = run_threads(size, rank_fn)
+    assert len({o.view(torch.uint8).numpy().tobytes() for o in outs}) == 1
+    expected = 60000.0 if dtype == "float16" else 3e38
+    got = outs[0].float()
+    assert torch.isfinite(got).all() and torch.allclose(got, torch.full_like(got, expected), rtol=2 ** -7)
+
+
+def test_premul_sum_scales_every_input_once():
+    def rank_fn(comm):
+        return comm.all_reduce(np.full(4, comm.rank + 1.0, np.float32), op=ringcomm.premul_sum(0.5))
+    assert all((o == 0.5 * 6).all() for o in run_threads(3, rank_fn))

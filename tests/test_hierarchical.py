@@ -12,7 +12,7 @@ from ringcomm import algorithms
 from ringcomm.algorithms.hierarchical import node_groups
 from ringcomm.communicator import Communicator
 from ringcomm.selection.cost import Link, Network
-from ringcomm.core.schedule import RecvReduce, Send, verify
+from ringcomm.core.schedule import RecvReduce, Send, Shape, verify
 from ringcomm.topology import Topology
 from ringcomm.transport.threads import ThreadsTransport, ThreadsWorld
 
@@ -28,8 +28,8 @@ def test_schedules_pair_up_and_cannot_deadlock_for_any_node_layout(name):
     for nodes in LAYOUTS:
         for count in (0, 1, 5, 101):
             for seg in (2, 1000):
-                verify([algorithms.program("all_reduce", name, r, len(nodes), count, 0, seg, nodes)
-                        for r in range(len(nodes))])
+                shape = Shape(len(nodes), count, 0, seg, nodes=nodes)
+                verify([algorithms.program("all_reduce", name, r, shape) for r in range(len(nodes))])
 
 
 def test_only_a_shard_crosses_nodes():
@@ -37,7 +37,7 @@ def test_only_a_shard_crosses_nodes():
     nodes, count = (0, 0, 0, 0, 1, 1, 1, 1), 4000
     shard = count // 4
     for rank in range(8):
-        steps = algorithms.program("all_reduce", "hierarchical", rank, 8, count, 0, count, nodes)
+        steps = algorithms.program("all_reduce", "hierarchical", rank, Shape(8, count, 0, count, nodes=nodes))
         crossing = sum(op.count for step in steps for op in step
                        if isinstance(op, Send) and nodes[op.peer] != nodes[rank])
         reduced = sum(op.count for step in steps for op in step if isinstance(op, RecvReduce))
@@ -109,11 +109,11 @@ def test_node_groups_follow_first_appearance():
 def test_cost_prices_each_phase_on_its_own_link():
     fast, slow = Link(1e-6, 1 / 100e9, 1 / 50e9), Link(10e-6, 1 / 10e9, 1 / 50e9)
     net = Network(fast, slow, (8, 8, 8, 8))
-    ring = algorithms.get("all_reduce", "ring").cost(64 << 20, 32, net)
-    hier = algorithms.get("all_reduce", "hierarchical").cost(64 << 20, 32, net)
+    ring = algorithms.get("all_reduce", "ring").cost(64 << 20, net)
+    hier = algorithms.get("all_reduce", "hierarchical").cost(64 << 20, net)
     assert hier < ring / 3      # a quarter of the inter-node bytes of a ring, about
     lopsided = Network(fast, slow, (7, 1, 8, 8))
-    assert algorithms.get("all_reduce", "hierarchical").cost(64 << 20, 24, lopsided) > hier
+    assert algorithms.get("all_reduce", "hierarchical").cost(64 << 20, lopsided) > hier
 
 
 def test_on_one_node_it_states_the_ring_cost_and_ring_wins_the_tie():

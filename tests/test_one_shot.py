@@ -129,6 +129,6 @@ def test_one_shot_cost_counts_every_peer_read():
     net = {n: Network(DEFAULT_LINK, DEFAULT_LINK, (n,), window=DEFAULT_LINK, window_bytes=CAPACITY) for n in (2, 8)}
     # (n-1) S of reads: from 2 to 8 ranks the bandwidth part grows 7-fold, the latency not at all.
     s = CAPACITY
-    bandwidth = {n: one_shot.cost(s, n, net[n]) - DEFAULT_LINK.alpha for n in (2, 8)}
+    bandwidth = {n: one_shot.cost(s, net[n]) - DEFAULT_LINK.alpha for n in (2, 8)}
     assert bandwidth[8] == pytest.approx(bandwidth[2] * (s * DEFAULT_LINK.beta + 7 * s * (DEFAULT_LINK.beta + DEFAULT_LINK.gamma))
                                          / (s * DEFAULT_LINK.beta + s * (DEFAULT_LINK.beta + DEFAULT_LINK.gamma)))

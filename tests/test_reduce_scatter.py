@@ -1,40 +1,43 @@
-"""reduce_scatter: rank r gets chunk r reduced (float64 reference), bitwise like its peers would."""
-import numpy as np
+"""reduce_scatter: rank r gets part r of the reduction (reference); even and uneven counts; x is
+never changed; out may be exactly x's own part."""
 import pytest
 import torch
 
-from grid import SIZES, assert_close, cases, make, raw_bytes, reference, values
-from ringcomm import algorithms
-from ringcomm.testing import run_threads
+from collective_grid import run
+from grid import (FACTOR, SIZES, Case, assert_close, empty, make, op_arg, raw_bytes, reduction_cases, thin,
+                  uneven_counts, values)
+from ringcomm import algorithms, collectives
+
+REF = collectives.get("reduce_scatter")
 
 
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("algorithm", algorithms.names("reduce_scatter") + [None])
 def test_reduce_scatter(algorithm, size):
-    case_list = [c for c in cases(size, big=algorithm is not None) if c.count < 1000] + \
-        [c for c in cases(size, big=algorithm is not None) if c.count >= 1000][:1]
-    inputs = [[values(c, r, c.count * size) for c in case_list] for r in range(size)]
+    base = thin(reduction_cases(size, big=algorithm is not None), size)
+    case_list = []
+    for i, c in enumerate(base):
+        counts = uneven_counts(size, i) if i % 3 == 1 else (c.count if c.count < 1000 else 4099,) * size
+        case_list.append(Case(c.count, c.dtype, c.op, c.kind, ("in" if i % 2 else "out", counts, i % 3 == 1)))
 
-    def rank_fn(comm):
-        outs = []
-        for c, v in zip(case_list, inputs[comm.rank]):
-            x = make(c, v)
-            before = raw_bytes(x)
-            out = torch.empty(c.count, dtype=x.dtype) if isinstance(x, torch.Tensor) else np.empty(c.count, x.dtype)
-            assert comm.reduce_scatter(out, x, op=c.op, algorithm=algorithm) is out
-            assert raw_bytes(x) == before, "reduce_scatter changed its input"
-            outs.append(out)
-            own = x[comm.rank * c.count:(comm.rank + 1) * c.count]   # in place: out is x's chunk
-            comm.reduce_scatter(own, x, op=c.op, algorithm=algorithm)
-            outs.append(own.clone() if isinstance(own, torch.Tensor) else own.copy())
-        return outs
-    results = run_threads(size, rank_fn, timeout=120)
-    for i, c in enumerate(case_list):
-        per_rank = [inputs[r][i] for r in range(size)]
-        full = reference(c, per_rank)
+    def call(comm, c, v):
+        where, counts, uneven = c.extra
+        x = make(c, v)
+        keep = raw_bytes(x)
+        off = sum(counts[:comm.rank])
+        if where == "in":
+            out = x[off:off + counts[comm.rank]]
+        else:
+            out = empty(c, counts[comm.rank])
+        assert comm.reduce_scatter(out, x, op=op_arg(c), counts=counts if uneven else None, algorithm=algorithm) is out
+        if where == "out":
+            assert raw_bytes(x) == keep, "reduce_scatter changed its input"
+        return out.clone() if isinstance(out, torch.Tensor) else out.copy()
+
+    for c, (outs, per_rank) in zip(case_list, run(size, case_list, lambda c, r: values(c, r, sum(c.extra[1])), call)):
+        counts = c.extra[1]
+        expected = REF.reference(per_rank, op=c.op, dtype=c.dtype, factor=FACTOR, counts=counts)
         for r in range(size):
-            chunk = slice(r * c.count, (r + 1) * c.count)
-            for k in (2 * i, 2 * i + 1):
-                assert_close(c, results[r][k], full[chunk], [p[chunk] for p in per_rank],
-                             f"{algorithm} n={size} rank {r}")
-            assert raw_bytes(results[r][2 * i]) == raw_bytes(results[r][2 * i + 1])
+            off = sum(counts[:r])
+            assert_close(c, outs[r], expected[r], [p[off:off + counts[r]] for p in per_rank],
+                         f"{algorithm} n={size} rank {r}")

@@ -1,16 +1,29 @@
-"""The algorithm registry: which algorithms exist for which collective, and their cached plans."""
+"""The algorithm registry: which algorithms exist for which collective, and their compiled plans.
+
+Adding an algorithm is one new file here plus its line in ``_ALL``: the selector prices it, the
+schedule tests verify it for every world size, and ``algorithm=`` accepts its name.
+"""
 from __future__ import annotations
 
 from functools import lru_cache
 
+from ..collectives import NAMES as COLLECTIVES
+from ..core.executor import compile_program
+from ..core.schedule import IN, OUT, Copy, Lanes, Prologued, Shape, confirmation
 from ..errors import bad_value
-from .base import Algorithm
+from .base import Algorithm, ScheduleAlgorithm, WindowAlgorithm
 from .binomial_broadcast import BinomialBroadcast
+from .binomial_gather import BinomialGather
 from .binomial_reduce import BinomialReduce
+from .binomial_scatter import BinomialScatter
+from .bruck_all_to_all import BruckAllToAll
 from .dissemination_barrier import DisseminationBarrier
 from .hierarchical import HierarchicalAllReduce
 from .hierarchical_tree import HierarchicalTreeAllReduce
+from .linear_gather import LinearGather
+from .linear_scatter import LinearScatter
 from .one_shot import OneShot
+from .pairwise_all_to_all import PairwiseAllToAll
 from .pipeline_broadcast import PipelineBroadcast
 from .rabenseifner import Rabenseifner
 from .recursive_doubling import RecursiveDoubling
@@ -19,35 +32,39 @@ from .ring_all_gather import RingAllGather
 from .ring_reduce_scatter import RingReduceScatter
 from .tree import TreeAllReduce
 
-COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "barrier")
+_ALL = (RingAllReduce, TreeAllReduce, RecursiveDoubling, Rabenseifner, HierarchicalAllReduce,
+        HierarchicalTreeAllReduce, OneShot, BinomialBroadcast, PipelineBroadcast, BinomialReduce,
+        RingAllGather, RingReduceScatter, DisseminationBarrier, PairwiseAllToAll, BruckAllToAll,
+        LinearGather, BinomialGather, LinearScatter, BinomialScatter)
 
 _REGISTRY: dict[str, dict[str, Algorithm]] = {c: {} for c in COLLECTIVES}
 
 
 def register(algorithm: Algorithm) -> Algorithm:
+    if algorithm.kind == "schedule" and not algorithm.out_of_place and algorithm.collective not in (
+            "all_reduce", "broadcast", "barrier"):
+        raise TypeError(f"{algorithm!r}: only all_reduce and broadcast algorithms may leave the "
+                        f"out-of-place copy to the caller")
     _REGISTRY[algorithm.collective][algorithm.name] = algorithm
     return algorithm
 
 
-for _cls in (RingAllReduce, TreeAllReduce, RecursiveDoubling, Rabenseifner, BinomialBroadcast,
-             PipelineBroadcast, BinomialReduce, RingAllGather, RingReduceScatter, DisseminationBarrier,
-             HierarchicalAllReduce, HierarchicalTreeAllReduce, OneShot):
+for _cls in _ALL:
     register(_cls())
 
 
-def needs_window(collective: str, name: str) -> bool:
+def is_window(collective: str, name: str) -> bool:
     """True for algorithms that run on a shared window (transport.window), not a program."""
-    return getattr(_REGISTRY[collective].get(name), "needs_window", False)
+    return _REGISTRY[collective][name].kind == "window"
 
 
 def names(collective: str, transport=None) -> list[str]:
     """The names ``algorithm=`` accepts for ``collective``; with ``transport`` (e.g.
-    ``comm.transport``), only those that can run on it (one-shot ones need its window)."""
+    ``comm.transport``), only those that can run on it (window algorithms need its window)."""
     if collective not in _REGISTRY:
         raise bad_value("algorithms.names", "collective", f"one of {', '.join(COLLECTIVES)}", collective)
     return [name for name, algorithm in _REGISTRY[collective].items()
-            if transport is None or not getattr(algorithm, "needs_window", False)
-            or getattr(transport, "window", None) is not None]
+            if transport is None or algorithm.kind == "schedule" or getattr(transport, "window", None) is not None]
 
 
 def get(collective: str, name: str) -> Algorithm:
@@ -57,21 +74,27 @@ def get(collective: str, name: str) -> Algorithm:
     return table[name]
 
 
-def program(collective: str, name: str, rank: int, size: int, count: int, root: int, seg: int,
-            nodes: tuple | None = None):
-    """One rank's program; ``nodes`` (node of every rank) reaches only topology-aware algorithms."""
+def program(collective: str, name: str, rank: int, shape: Shape, confirm: bool = False) -> list:
+    """One rank's program. Out of place where the algorithm is not: a copy of IN to OUT first.
+    ``confirm``: end with the confirmation barrier (rooted collectives, schedule.confirmation)."""
     algorithm = _REGISTRY[collective][name]
-    if getattr(algorithm, "topology_aware", False):
-        return algorithm.program(rank, size, count, root, seg, nodes=nodes)
-    return algorithm.program(rank, size, count, root, seg)
+    steps = algorithm.program(rank, shape if algorithm.out_of_place else shape._replace(in_place=True))
+    if confirm and shape.size > 1:
+        if isinstance(steps, Lanes):
+            raise TypeError(f"{algorithm!r}: a rooted collective's program must be a single lane")
+        steps = list(steps) + confirmation(rank, shape.size)
+    if shape.in_place or algorithm.out_of_place or not shape.count:
+        return steps
+    return Prologued((Copy(0, shape.count, OUT, IN, 0),), steps)
 
 
-@lru_cache(maxsize=512)
-def plan(collective: str, name: str, rank: int, size: int, count: int, root: int, seg: int,
-         nodes: tuple | None = None) -> list:
-    """The compiled program of one rank; programs are pure, so they are cached."""
-    from ..core.executor import compile_program
-    return compile_program(program(collective, name, rank, size, count, root, seg, nodes))
+@lru_cache(maxsize=1024)
+def plan(collective: str, name: str, rank: int, shape: Shape, confirm: bool = False):
+    """The compiled program of one rank; programs are pure, so they are cached. A program written
+    in place runs in place on OUT after its prologue copy, so it compiles as in place."""
+    in_place = shape.in_place or not _REGISTRY[collective][name].out_of_place
+    return compile_program(program(collective, name, rank, shape, confirm), in_place)
 
 
-__all__ = ["Algorithm", "COLLECTIVES", "names", "needs_window", "get", "plan", "program", "register"]
+__all__ = ["Algorithm", "ScheduleAlgorithm", "WindowAlgorithm", "COLLECTIVES", "names", "is_window",
+           "get", "plan", "program", "register"]

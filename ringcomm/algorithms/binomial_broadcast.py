@@ -7,9 +7,28 @@ Cost: ceil(log2 n)(alpha + S beta). Wins for small messages; large ones prefer t
 """
 from __future__ import annotations
 
+from typing import NamedTuple, Optional
+
 from ..core.schedule import compact, recv_segments, send_segments
-from ..selection.cost import Link, log2_ceil
-from .base import Algorithm
+from ..selection.cost import Network, log2_ceil
+from .base import ScheduleAlgorithm
+
+
+class Relative(NamedTuple):
+    """A rank's place in the binomial tree of a rooted call (numbered relative to the root)."""
+    v: int
+    parent: Optional[int]   # relative numbers
+    children: list
+    root: int
+    size: int
+
+    def real(self, u: int) -> int:
+        return (u + self.root) % self.size
+
+
+def relative(rank: int, shape) -> Relative:
+    v = (rank - shape.root) % shape.size
+    return Relative(v, *binomial_links(v, shape.size), shape.root, shape.size)
 
 
 def binomial_links(v: int, size: int) -> tuple:
@@ -24,11 +43,12 @@ def binomial_links(v: int, size: int) -> tuple:
     return parent, children
 
 
-class BinomialBroadcast(Algorithm):
+class BinomialBroadcast(ScheduleAlgorithm):
     name = "binomial"
     collective = "broadcast"
 
-    def program(self, rank, size, count, root, seg):
+    def program(self, rank, shape):
+        size, count, root, seg = shape.size, shape.count, shape.root, shape.seg
         v = (rank - root) % size
         parent, children = binomial_links(v, size)
         real = lambda u: (u + root) % size  # noqa: E731
@@ -36,5 +56,6 @@ class BinomialBroadcast(Algorithm):
         steps += [send_segments(real(c), 0, count, seg) for c in children]
         return compact(steps)
 
-    def cost(self, nbytes, size, link: Link) -> float:
+    def cost(self, nbytes, net: Network) -> float:
+        size, link = net.size, net.link
         return log2_ceil(size) * (link.alpha + nbytes * link.beta)

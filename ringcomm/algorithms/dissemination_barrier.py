@@ -7,20 +7,21 @@ before all have entered. Cost: ceil(log2 n) alpha; no bytes.
 from __future__ import annotations
 
 from ..core.schedule import Recv, Send, compact
-from ..selection.cost import Link, log2_ceil
-from .base import Algorithm
+from ..selection.cost import Network, log2_ceil
+from .base import ScheduleAlgorithm
 
 
-class DisseminationBarrier(Algorithm):
+class DisseminationBarrier(ScheduleAlgorithm):
     name = "dissemination"
     collective = "barrier"
 
-    def program(self, rank, size, count, root, seg):
+    def program(self, rank, shape):
+        size = shape.size
         steps, dist = [], 1
         while dist < size:
             steps.append([Send((rank + dist) % size, 0, 0), Recv((rank - dist) % size, 0, 0)])
             dist <<= 1
         return compact(steps)
 
-    def cost(self, nbytes, size, link: Link) -> float:
-        return log2_ceil(size) * link.alpha
+    def cost(self, nbytes, net: Network) -> float:
+        return log2_ceil(net.size) * net.alpha

@@ -30,9 +30,10 @@ from __future__ import annotations
 import math
 
 from ..core.schedule import compact, recv_segments, send_segments
-from ..selection.cost import Link, Network, as_network
+from ..core.schedule import Shape, chunk
+from ..selection.cost import Link, Network, flat
 from . import ring_all_gather, ring_reduce_scatter
-from .base import Algorithm
+from .base import ScheduleAlgorithm
 from .ring import RingAllReduce
 from .ring_all_gather import RingAllGather
 from .ring_reduce_scatter import RingReduceScatter
@@ -54,7 +55,7 @@ def relocate(steps, peers, offset: int = 0, channel: int = 0) -> list:
     """Steps written for ranks 0..k-1 of a sub-group over W[0:n], moved onto the real ranks
     ``peers`` and the range W[offset:offset+n], on ``channel``."""
     return [[op._replace(peer=peers[op.peer], off=op.off + offset, channel=channel) for op in step]
-            for step in steps]
+            for step in steps]   # (ring steps of a whole node range use OUT only: no own offsets)
 
 
 def hierarchical_steps(rank: int, groups: list, off: int, count: int, seg: int, channel: int,
@@ -72,12 +73,13 @@ def hierarchical_steps(rank: int, groups: list, off: int, count: int, seg: int, 
     extras = node[m + i::m]
     leaders = node[:m]
     steps = [recv_segments(e, off, count, seg, channel, reduce=True) for e in extras]
-    steps += relocate(ring_reduce_scatter.steps(i, m, count, seg), leaders, off, channel)
+    parts = [chunk(count, m, k) for k in range(m)]
+    steps += relocate(ring_reduce_scatter.steps(i, parts, seg), leaders, off, channel)
     # After the ring reduce-scatter local rank i owns chunk i of the node's range.
     shard_off, shard_count = (i * count // m), ((i + 1) * count // m - i * count // m)
     peers = [g[i] for g in groups]
     steps += cross(peers.index(rank), peers, off + shard_off, shard_count)
-    steps += relocate(ring_all_gather.steps(i, m, count, seg), leaders, off, channel)
+    steps += relocate(ring_all_gather.steps(i, parts, seg), leaders, off, channel)
     steps += [send_segments(e, off, count, seg, channel) for e in extras]
     return steps
 
@@ -93,7 +95,7 @@ def node_terms(nbytes: float, net: Network) -> tuple:
     each rank sees it while m rings share the node's network cards)."""
     m, big = min(net.local_sizes), max(net.local_sizes)
     intra = net.intra
-    inside = RingReduceScatter().cost(nbytes, m, intra) + RingAllGather().cost(nbytes, m, intra)
+    inside = RingReduceScatter().cost(nbytes, flat(intra, m)) + RingAllGather().cost(nbytes, flat(intra, m))
     extras = math.ceil((big - m) / m)
     inside += extras * (2 * intra.alpha + 2 * nbytes * intra.beta + nbytes * intra.gamma)
     inter = net.inter
@@ -102,23 +104,23 @@ def node_terms(nbytes: float, net: Network) -> tuple:
     return nbytes / m, inside, inter
 
 
-class HierarchicalAllReduce(Algorithm):
+class HierarchicalAllReduce(ScheduleAlgorithm):
     name = "hierarchical"
     collective = "all_reduce"
-    topology_aware = True   # program() takes the node of every rank
+    topology_aware = True   # program() reads shape.nodes
 
-    def program(self, rank, size, count, root, seg, nodes=None):
+    def program(self, rank, shape):
+        size, count, seg = shape.size, shape.count, shape.seg
         if size == 1 or count == 0:
             return []
-        groups = node_groups(size, nodes)
+        groups = node_groups(size, shape.nodes)
 
         def cross(k, peers, shard_off, shard_count):
-            return relocate(RingAllReduce().program(k, len(peers), shard_count, 0, seg), peers, shard_off)
+            return relocate(RingAllReduce().program(k, Shape(len(peers), shard_count, seg=seg)), peers, shard_off)
         return compact(hierarchical_steps(rank, groups, 0, count, seg, 0, cross))
 
-    def cost(self, nbytes, size, link) -> float:
-        net = as_network(link, size)
+    def cost(self, nbytes, net: Network) -> float:
         if degenerate(net):   # the same steps as a flat ring: the same price, and ring wins the tie
-            return RingAllReduce().cost(nbytes, net.size, net)
+            return RingAllReduce().cost(nbytes, net)
         shard, inside, inter = node_terms(nbytes, net)
-        return inside + RingAllReduce().cost(shard, net.nodes, inter)
+        return inside + RingAllReduce().cost(shard, flat(inter, net.nodes))

@@ -16,8 +16,8 @@ the cost of the flat algorithm it then amounts to, which the selector prefers on
 from __future__ import annotations
 
 from ..core.schedule import Lanes, chunk, compact
-from ..selection.cost import as_network
-from .base import Algorithm
+from ..selection.cost import Network, flat
+from .base import ScheduleAlgorithm
 from .hierarchical import degenerate, hierarchical_steps, node_groups, node_terms
 from .ring import RingAllReduce
 from .tree import TreeAllReduce, heap_links, tree_steps
@@ -35,15 +35,16 @@ def tree_cross(mirror: bool, seg: int, channel: int):
     return cross
 
 
-class HierarchicalTreeAllReduce(Algorithm):
+class HierarchicalTreeAllReduce(ScheduleAlgorithm):
     name = "hierarchical_tree"
     collective = "all_reduce"
     topology_aware = True
 
-    def program(self, rank, size, count, root, seg, nodes=None):
+    def program(self, rank, shape):
+        size, count, seg = shape.size, shape.count, shape.seg
         if size == 1 or count == 0:
             return []
-        groups = node_groups(size, nodes)
+        groups = node_groups(size, shape.nodes)
         lanes = []
         for half, channel in ((0, 0), (1, 1)):
             off, n = chunk(count, 2, half)
@@ -51,10 +52,9 @@ class HierarchicalTreeAllReduce(Algorithm):
                                                     tree_cross(half == 1, seg, channel))))
         return Lanes(lane for lane in lanes if lane)
 
-    def cost(self, nbytes, size, link) -> float:
-        net = as_network(link, size)
+    def cost(self, nbytes, net: Network) -> float:
         if degenerate(net):   # one node: two half rings; one rank per node: the flat double tree
-            flat = RingAllReduce() if net.nodes == 1 else TreeAllReduce()
-            return flat.cost(nbytes, net.size, net)
+            single = RingAllReduce() if net.nodes == 1 else TreeAllReduce()
+            return single.cost(nbytes, net)
         shard, inside, inter = node_terms(nbytes, net)
-        return inside + TreeAllReduce().cost(shard, net.nodes, inter)
+        return inside + TreeAllReduce().cost(shard, flat(inter, net.nodes))

@@ -21,38 +21,37 @@ from typing import Callable
 
 import numpy as np
 
-from ..selection.cost import Link
-from .base import Algorithm
+from ..selection.cost import Network
+from .base import WindowAlgorithm
 
 STALL_CHECK = 0.05   # seconds a round may wait before the stall is diagnosed (and every so often after)
 
 
-class OneShot(Algorithm):
+class OneShot(WindowAlgorithm):
     name = "one_shot"
     collective = "all_reduce"
-    needs_window = True
 
-    def program(self, rank, size, count, root, seg):
-        return []   # no point-to-point steps: run() works on the window
-
-    def cost(self, nbytes, size, link: Link) -> float:
-        window, capacity = getattr(link, "window", None), getattr(link, "window_bytes", 0)
-        if window is None or capacity <= 0 or getattr(link, "nodes", 1) > 1:
+    def cost(self, nbytes, net: Network) -> float:
+        window, capacity = net.window, net.window_bytes
+        if window is None or capacity <= 0 or net.nodes > 1:
             return math.inf
+        size = net.size
         if size == 1 or nbytes == 0:
             return 0.0
         pieces = math.ceil(nbytes / capacity)
-        return pieces * window.alpha + nbytes * window.beta + (size - 1) * nbytes * (window.beta + link.gamma)
+        return pieces * window.alpha + nbytes * window.beta + (size - 1) * nbytes * (window.beta + net.gamma)
 
-    def run(self, window, work: np.ndarray, reduce, combine, stamp: int, trouble: Callable) -> None:
-        """All-reduce ``work`` (non-empty, on 2 or more ranks) in place. ``reduce(dst, src)`` and
-        ``combine(out, a, b)`` are the op's kernels (ops.py); ``trouble()`` returns the guard
-        that explains a stalled round (``stalled(peer, piece, pieces)``, raising at the deadline)
-        or a peer in another collective (``mismatch(peer, stamp)``, which raises)."""
-        n, per = window.size, window.capacity // work.itemsize
-        pieces = -(-work.size // per)
+    def run(self, window, src: np.ndarray, dst: np.ndarray, reduce, combine, stamp: int,
+            trouble: Callable) -> None:
+        """All-reduce ``src`` (non-empty, on 2 or more ranks) into ``dst`` (``src`` itself for an
+        in-place call). ``reduce(dst, src)`` and ``combine(out, a, b)`` are the op's kernels
+        (ops.py); ``trouble()`` returns the guard that explains a stalled round
+        (``stalled(peer, piece, pieces)``, raising at the deadline) or a peer in another
+        collective (``mismatch(peer, stamp)``, which raises)."""
+        n, per = window.size, window.capacity // src.itemsize
+        pieces = -(-src.size // per)
         for i in range(pieces):
-            piece = work if pieces == 1 else work[i * per:(i + 1) * per]
+            piece = src if pieces == 1 else src[i * per:(i + 1) * per]
             k, slots = window.post(piece, stamp)
             if window.lagging(k) is not None and window.wait(k, STALL_CHECK) is not None:
                 guard = trouble()   # slow path: from here on, explain the stall or time out
@@ -63,6 +62,7 @@ class OneShot(Algorithm):
             odd = window.odd_stamp(k, stamp)
             if odd is not None:
                 trouble().mismatch(odd, window.stamp(odd, k))
-            combine(piece, slots[0], slots[1])   # rank order: x0 OP x1 OP x2 ...
+            out = dst if pieces == 1 else dst[i * per:(i + 1) * per]
+            combine(out, slots[0], slots[1])   # rank order: x0 OP x1 OP x2 ...
             for r in range(2, n):
-                reduce(piece, slots[r])
+                reduce(out, slots[r])

@@ -10,15 +10,16 @@ from __future__ import annotations
 import math
 
 from ..core.schedule import DEFAULT_SEGMENT_BYTES, Recv, Send, compact, segments
-from ..selection.cost import Link
-from .base import Algorithm
+from ..selection.cost import Network
+from .base import ScheduleAlgorithm
 
 
-class PipelineBroadcast(Algorithm):
+class PipelineBroadcast(ScheduleAlgorithm):
     name = "pipeline"
     collective = "broadcast"
 
-    def program(self, rank, size, count, root, seg):
+    def program(self, rank, shape):
+        size, count, root, seg = shape.size, shape.count, shape.root, shape.seg
         v = (rank - root) % size
         prev, nxt = (rank - 1) % size, (rank + 1) % size
         segs = segments(0, count, seg)
@@ -32,7 +33,8 @@ class PipelineBroadcast(Algorithm):
             steps.append(ops)
         return compact(steps)
 
-    def cost(self, nbytes, size, link: Link) -> float:
+    def cost(self, nbytes, net: Network) -> float:
+        size, link = net.size, net.link
         if size == 1:
             return 0.0
         pieces = max(1, math.ceil(nbytes / DEFAULT_SEGMENT_BYTES))

@@ -11,16 +11,17 @@ so it wins at mid-to-large sizes on many ranks.
 from __future__ import annotations
 
 from ..core.schedule import compact, recv_segments, send_segments
-from ..selection.cost import Link, log2_ceil, pow2_floor
+from ..selection.cost import Network, log2_ceil, pow2_floor
 from ._fold import fold, fold_cost
-from .base import Algorithm
+from .base import ScheduleAlgorithm
 
 
-class Rabenseifner(Algorithm):
+class Rabenseifner(ScheduleAlgorithm):
     name = "rabenseifner"
     collective = "all_reduce"
 
-    def program(self, rank, size, count, root, seg):
+    def program(self, rank, shape):
+        size, count, seg = shape.size, shape.count, shape.seg
         if size == 1 or count == 0:
             return []
         before, after, core, p = fold(rank, size, count, seg)
@@ -40,7 +41,8 @@ class Rabenseifner(Algorithm):
                 mask >>= 1
         return compact(before + halving + doubling + after)
 
-    def cost(self, nbytes, size, link: Link) -> float:
+    def cost(self, nbytes, net: Network) -> float:
+        size, link = net.size, net.link
         p = pow2_floor(size)
         f = (p - 1) / p
         return (2 * log2_ceil(p) * link.alpha + 2 * f * nbytes * link.beta + f * nbytes * link.gamma

@@ -10,16 +10,17 @@ Fewest latencies of all, so it wins for tiny messages; it moves S per round, so 
 from __future__ import annotations
 
 from ..core.schedule import compact, recv_segments, send_segments
-from ..selection.cost import Link, log2_ceil, pow2_floor
+from ..selection.cost import Network, log2_ceil, pow2_floor
 from ._fold import fold, fold_cost
-from .base import Algorithm
+from .base import ScheduleAlgorithm
 
 
-class RecursiveDoubling(Algorithm):
+class RecursiveDoubling(ScheduleAlgorithm):
     name = "recursive_doubling"
     collective = "all_reduce"
 
-    def program(self, rank, size, count, root, seg):
+    def program(self, rank, shape):
+        size, count, seg = shape.size, shape.count, shape.seg
         if size == 1 or count == 0:
             return []
         before, after, core, p = fold(rank, size, count, seg)
@@ -33,6 +34,7 @@ class RecursiveDoubling(Algorithm):
                 mask <<= 1
         return compact(before + rounds + after)
 
-    def cost(self, nbytes, size, link: Link) -> float:
+    def cost(self, nbytes, net: Network) -> float:
+        size, link = net.size, net.link
         rounds = log2_ceil(pow2_floor(size))
         return rounds * (link.alpha + nbytes * (link.beta + link.gamma)) + fold_cost(nbytes, size, link)

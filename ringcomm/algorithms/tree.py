@@ -28,8 +28,8 @@ from ..core.schedule import (
     compact,
     segments,
 )
-from ..selection.cost import Link, log2_ceil
-from .base import Algorithm
+from ..selection.cost import Network, log2_ceil
+from .base import ScheduleAlgorithm
 
 
 def heap_links(label: int, size: int) -> tuple:
@@ -59,11 +59,12 @@ def tree_steps(parent, children, off, count, seg, channel) -> list:
     return compact(up + down)
 
 
-class TreeAllReduce(Algorithm):
+class TreeAllReduce(ScheduleAlgorithm):
     name = "tree"
     collective = "all_reduce"
 
-    def program(self, rank, size, count, root, seg):
+    def program(self, rank, shape):
+        size, count, seg = shape.size, shape.count, shape.seg
         if size == 1:
             return []
         half_a, half_b = chunk(count, 2, 0), chunk(count, 2, 1)
@@ -76,7 +77,8 @@ class TreeAllReduce(Algorithm):
         tree_b = tree_steps(parent_b, children_b, *half_b, seg, channel=1)
         return Lanes(lane for lane in (tree_a, tree_b) if lane)
 
-    def cost(self, nbytes, size, link: Link) -> float:
+    def cost(self, nbytes, net: Network) -> float:
+        size, link = net.size, net.link
         if size == 1:
             return 0.0
         depth = log2_ceil(size + 1) - 1

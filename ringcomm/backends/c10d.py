@@ -3,7 +3,9 @@
 The process group is built directly (ProcessGroupGloo / ProcessGroupNCCL) rather than through
 ``init_process_group``, so a job may hold several communicators and torch's global default group
 stays free for the user. Rendezvous needs no MASTER_ADDR: rank 0 opens a TCPStore on a port the
-kernel picks (port 0, so no race for a "free" port) and broadcasts the address with MPI.
+kernel picks (port 0, so no race for a "free" port) and broadcasts the address with MPI. Which
+torch call runs each collective is written in the collective's own file (``Collective.c10d``);
+``C10dBackend`` supplies the process group, tensor views of the call's buffers and the options.
 """
 from __future__ import annotations
 
@@ -15,14 +17,16 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..core.ops import ReduceOp
-from ..core.schedule import chunk
+from ..core.ops import DType, ReduceOp
 from ..errors import CommError
+from .reference import ReferenceCommunicator, comm_error
 
 LOOPBACK = "127.0.0.1"
-_OPS = {ReduceOp.SUM: dist.ReduceOp.SUM, ReduceOp.AVG: dist.ReduceOp.SUM,
-        ReduceOp.PROD: dist.ReduceOp.PRODUCT, ReduceOp.MIN: dist.ReduceOp.MIN,
-        ReduceOp.MAX: dist.ReduceOp.MAX}
+_OPS = {ReduceOp.SUM: dist.ReduceOp.SUM, ReduceOp.AVG: dist.ReduceOp.SUM, ReduceOp.PREMUL_SUM: dist.ReduceOp.SUM,
+        ReduceOp.PROD: dist.ReduceOp.PRODUCT, ReduceOp.MIN: dist.ReduceOp.MIN, ReduceOp.MAX: dist.ReduceOp.MAX,
+        ReduceOp.BAND: dist.ReduceOp.BAND, ReduceOp.BOR: dist.ReduceOp.BOR, ReduceOp.BXOR: dist.ReduceOp.BXOR}
+_TORCH = {"float16": torch.float16, "float32": torch.float32, "float64": torch.float64, "int8": torch.int8,
+          "int16": torch.int16, "int32": torch.int32, "int64": torch.int64, "uint8": torch.uint8, "bool": torch.bool}
 
 
 def store_address(world) -> str:
@@ -57,53 +61,78 @@ def rendezvous(world, timeout: float, backend: str):
     return store, host
 
 
-def as_tensor(work, buf):
-    """A torch view of W sharing its memory (bf16 is stored as uint16, viewed back as bfloat16)."""
-    if isinstance(work, torch.Tensor):
-        return work
-    if buf is not None and buf.dtype.name == "bfloat16":
-        return torch.from_numpy(work.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(work)
+class C10dBackend(ReferenceCommunicator):
+    """A reference backend over one torch.distributed process group (``pg``)."""
+    pg = None
 
+    def tensor(self, flat, dtype: DType) -> torch.Tensor:
+        """A torch view of a flat numpy array sharing its memory (bf16 is stored as uint16)."""
+        if isinstance(flat, torch.Tensor):
+            return flat
+        if dtype.name == "bfloat16":
+            return torch.from_numpy(flat.view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(flat)
 
-def start(pg, name: str, t: torch.Tensor, rank: int, size: int, op, root: int, device_ids=None):
-    """Issue collective ``name`` on flat tensor ``t`` with W's in-place semantics.
-
-    Returns (work, finish): wait on ``work``, then call ``finish()`` to complete W."""
-    finish = _nothing
-    if name == "all_reduce":
+    @staticmethod
+    def allreduce_options(op: ReduceOp):
         opts = dist.AllreduceOptions()
         opts.reduceOp = _OPS[op]
-        work = pg.allreduce([t], opts)
-    elif name == "broadcast":
+        return opts
+
+    @staticmethod
+    def broadcast_options(root: int):
         opts = dist.BroadcastOptions()
         opts.rootRank, opts.rootTensor = root, 0
-        work = pg.broadcast([t], opts)
-    elif name == "reduce":
+        return opts
+
+    @staticmethod
+    def reduce_options(op: ReduceOp, root: int):
         opts = dist.ReduceOptions()
         opts.reduceOp, opts.rootRank, opts.rootTensor = _OPS[op], root, 0
-        work = pg.reduce([t], opts)
-    elif name == "all_gather":
-        off, n = chunk(t.numel(), size, rank)
-        work = pg._allgather_base(t, t[off:off + n].clone())   # input must not alias the output
-    elif name == "reduce_scatter":
-        off, n = chunk(t.numel(), size, rank)
-        mine = torch.empty(n, dtype=t.dtype, device=t.device)
+        return opts
+
+    @staticmethod
+    def reduce_scatter_options(op: ReduceOp):
         opts = dist.ReduceScatterOptions()
         opts.reduceOp = _OPS[op]
-        work = pg._reduce_scatter_base(mine, t, opts)
+        return opts
 
-        def finish():
-            t[off:off + n].copy_(mine)
-    elif name == "barrier":
-        opts = dist.BarrierOptions()
-        if device_ids is not None:
-            opts.device_ids = device_ids
-        work = pg.barrier(opts)
-    else:  # pragma: no cover - the Communicator only calls the collectives above
-        raise AssertionError(name)
-    return work, finish
+    @staticmethod
+    def gather_options(root: int):
+        opts = dist.GatherOptions()
+        opts.rootRank = root
+        return opts
 
+    @staticmethod
+    def scatter_options(root: int):
+        opts = dist.ScatterOptions()
+        opts.rootRank = root
+        return opts
 
-def _nothing():
-    pass
+    @staticmethod
+    def all_to_all_options():
+        return dist.AllToAllOptions()
+
+    def barrier_options(self):
+        return dist.BarrierOptions()
+
+    def _start_call(self, call):
+        try:
+            return call.collective.c10d(self, call)
+        except RuntimeError as err:   # refused at once (an op or dtype the library lacks)
+            raise comm_error(self._describe(call, 0), self.library, err) from err
+
+    def _post(self, call, work):
+        handle, _ = self._start_call(call)
+
+        def test() -> bool:
+            if not handle.is_completed():
+                return False
+            try:
+                handle.wait()
+            except RuntimeError as err:
+                raise comm_error(work.description, self.library, err) from err
+            if call.name == "recv" and call.peer is None:
+                work.source = handle._source_rank()
+            return True
+        return test

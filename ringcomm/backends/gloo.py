@@ -3,7 +3,8 @@
 numpy arrays and CPU tensors are handed to gloo as torch views of the same memory (bf16 through
 its uint16 storage), so collectives stay in place. gloo reduces float16 and bfloat16 itself.
 Deadlines: the process group is created with the communicator's timeout, and gloo raises when a
-collective runs past it; that error comes back as CommError naming the collective.
+collective runs past it; that error comes back as CommError naming the collective. gloo refuses
+int16 altogether: that is a UsageError before any communication.
 """
 from __future__ import annotations
 
@@ -12,26 +13,32 @@ import datetime
 
 import torch.distributed as dist
 
-from ..errors import CommError, CommTimeoutError
+from ..errors import UsageError
 from ..transport.polling import wait_polling
 from . import c10d
-from .reference import ReferenceCommunicator
+from .reference import comm_error
 
 
-class GlooCommunicator(ReferenceCommunicator):
+class GlooCommunicator(c10d.C10dBackend):
     backend = "gloo"
     library = "gloo"
 
-    def __init__(self, world, topology, *, timeout):
-        super().__init__(world, topology, timeout=timeout)
-        self._store, host = c10d.rendezvous(world, timeout, self.backend)
+    def __init__(self, world, topology, *, timeout, context=(), store=None, host=None):
+        super().__init__(world, topology, timeout=timeout, context=context)
+        if store is None:
+            store, host = c10d.rendezvous(world, timeout, self.backend)
+        self._store, self._host = store, host
+        self.pg = dist.ProcessGroupGloo(store, self.rank, self.size, self._options(timeout, host))
+        atexit.register(self._release)
+
+    @staticmethod
+    def _options(timeout: float, host: str):
         options = dist.ProcessGroupGloo._Options()
         options._timeout = datetime.timedelta(seconds=timeout)
         # On one host, bind gloo to loopback: the hostname may not resolve to a usable address.
         options._devices = [dist.ProcessGroupGloo.create_device(hostname=host) if host == c10d.LOOPBACK
                             else dist.ProcessGroupGloo.create_default_device()]
-        self._pg = dist.ProcessGroupGloo(self._store, self.rank, self.size, options)
-        atexit.register(self._release)
+        return options
 
     def _release(self, timeout: float = 10.0) -> None:
         """Drop the process group and its store on every rank together, before interpreter exit.
@@ -41,21 +48,32 @@ class GlooCommunicator(ReferenceCommunicator):
         exception") after all its work was done. A bounded barrier keeps the ranks together, and
         never hangs the exit of a job whose peers are already gone.
         """
-        if self._pg is None:
+        if self.pg is None:
             return
         try:
             request = self.world.Ibarrier()
             wait_polling(request.Test, timeout)
         except Exception:
             pass   # a failed peer: nothing left to wait for
-        self._pg = self._store = None
+        self.pg = self._store = None
 
-    def _collective(self, name, algorithm, work, buf, seq, *, op=None, root=0):
-        t = c10d.as_tensor(work, buf)
+    def _check_supported(self, call) -> None:
+        if call.dtype is not None and call.dtype.name == "int16":
+            raise UsageError(f"{call.name}: backend 'gloo' does not support dtype int16 (torch's gloo refuses "
+                             f"it: 'Invalid scalar type'); use int32, or backend 'ringcomm' or 'mpi'")
+        if call.device != "cpu":
+            raise UsageError(f"{call.name}: backend 'gloo' takes host memory here; CUDA tensors go through "
+                             f"backend 'ringcomm' (CUDA IPC) or 'nccl'")
+
+    def _wait(self, handle, keep, what: str) -> None:
         try:
-            handle, finish = c10d.start(self._pg, name, t, self.rank, self.size, op, root)
             handle.wait()
         except RuntimeError as err:   # gloo reports timeouts and lost peers as RuntimeError
-            kind = CommTimeoutError if "timeout" in str(err).lower() or "timed out" in str(err).lower() else CommError
-            raise kind(f"{self._describe(name, seq, work, buf)} on rank {self.rank}: gloo failed: {err}") from err
-        finish()
+            raise comm_error(f"{what} on rank {self.rank}", "gloo", err) from err
+
+    def _sub_backend(self, sub_world, members, path):
+        if members is None:
+            return None
+        store = dist.PrefixStore(f"ringcomm-split-{path!r}", self._store)
+        return GlooCommunicator(sub_world, self._sub_topology(members), timeout=self.timeout, context=path,
+                                store=store, host=self._host)

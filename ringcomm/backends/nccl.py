@@ -1,9 +1,8 @@
 """Backend "nccl": NCCL through torch.distributed, rendezvous over MPI.
 
 Each rank drives GPU ``local_rank % device_count`` of its node. CUDA tensors are reduced where
-they live. Host memory (numpy arrays, CPU tensors, which is what the Communicator hands over
-today) is staged through the GPU: copied in, reduced by NCCL, copied back; slower, but every
-collective keeps one meaning on every backend.
+they live. Host memory (numpy arrays, CPU tensors) is staged through the GPU: copied in, reduced
+by NCCL, copied back; slower, but every collective keeps one meaning on every backend.
 
 Without CUDA (or with a torch built without NCCL) init fails on every rank with the reason of
 each rank that cannot run it, before any process group exists.
@@ -17,7 +16,6 @@ import torch
 from ..errors import CommError, CommTimeoutError, UsageError
 from ..transport.polling import wait_polling
 from . import c10d
-from .reference import ReferenceCommunicator
 
 
 def unavailable_reason() -> str | None:
@@ -32,11 +30,11 @@ def unavailable_reason() -> str | None:
     return None
 
 
-class NCCLCommunicator(ReferenceCommunicator):
+class NCCLCommunicator(c10d.C10dBackend):
     backend = "nccl"
     library = "NCCL"
 
-    def __init__(self, world, topology, *, timeout):
+    def __init__(self, world, topology, *, timeout, context=(), store=None):
         reasons = world.allgather(unavailable_reason())
         by_reason: dict = {}
         for r, why in enumerate(reasons):
@@ -46,32 +44,51 @@ class NCCLCommunicator(ReferenceCommunicator):
             listed = "; ".join(f"rank{'s' * (len(rs) > 1)} {', '.join(rs)}: {why}" for why, rs in by_reason.items())
             raise UsageError(f"init: backend 'nccl' cannot run here ({listed}); "
                              f"use backend 'gloo', 'mpi' or 'ringcomm' on CPU")
-        super().__init__(world, topology, timeout=timeout)
+        super().__init__(world, topology, timeout=timeout, context=context)
         import torch.distributed as dist
         self.device = torch.device("cuda", topology.local_rank % torch.cuda.device_count())
         torch.cuda.set_device(self.device)
-        self._store, _ = c10d.rendezvous(world, timeout, self.backend)
+        if store is None:
+            store, _ = c10d.rendezvous(world, timeout, self.backend)
+        self._store = store
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = datetime.timedelta(seconds=timeout)
-        self._pg = dist.ProcessGroupNCCL(self._store, self.rank, self.size, options)
+        self.pg = dist.ProcessGroupNCCL(store, self.rank, self.size, options)
 
-    def _collective(self, name, algorithm, work, buf, seq, *, op=None, root=0):
-        host = c10d.as_tensor(work, buf)
-        staged = not host.is_cuda
-        t = host.to(self.device, non_blocking=False) if staged else host
-        try:
-            handle, finish = c10d.start(self._pg, name, t, self.rank, self.size, op, root,
-                                        device_ids=[self.device.index])
-            # NCCL runs on its own stream; poll its event so the wait has a deadline.
+    def tensor(self, flat, dtype):
+        """Host arrays are staged through the GPU (copied back in ``_wait``)."""
+        t = super().tensor(flat, dtype)
+        if t.is_cuda:
+            return t
+        staged = t.to(self.device)
+        self._staged.append((t, staged))
+        return staged
+
+    def barrier_options(self):
+        opts = super().barrier_options()
+        opts.device_ids = [self.device.index]
+        return opts
+
+    def _collective(self, call, algorithm, seq):
+        self._staged = []
+        super()._collective(call, algorithm, seq)
+
+    def _wait(self, handle, keep, what: str) -> None:
+        try:   # NCCL runs on its own stream; poll its event so the wait has a deadline
             if not wait_polling(handle.is_completed, self.timeout, self.transport.aborted_reason):
-                raise CommTimeoutError(f"{self._describe(name, seq, work, buf)} on rank {self.rank}: "
-                                       f"NCCL did not complete it within {self.timeout:g} s")
+                raise CommTimeoutError(f"{what} on rank {self.rank}: NCCL did not complete it within "
+                                       f"{self.timeout:g} s")
             handle.wait()
-            finish()
         except RuntimeError as err:   # NCCL errors (lost peer, watchdog) arrive as RuntimeError
-            raise CommError(f"{self._describe(name, seq, work, buf)} on rank {self.rank}: "
-                            f"NCCL failed: {err}") from err
-        if staged:
-            host.copy_(t)
-        else:
-            torch.cuda.current_stream(self.device).synchronize()
+            raise CommError(f"{what} on rank {self.rank}: NCCL failed: {err}") from err
+        for host, staged in self._staged:
+            host.copy_(staged)
+        torch.cuda.current_stream(self.device).synchronize()
+
+    def _sub_backend(self, sub_world, members, path):
+        if members is None:
+            return None
+        import torch.distributed as dist
+        store = dist.PrefixStore(f"ringcomm-split-{path!r}", self._store)
+        return NCCLCommunicator(sub_world, self._sub_topology(members), timeout=self.timeout, context=path,
+                                store=store)

@@ -1,11 +1,23 @@
-"""What every reference backend shares: MPI for identity and rendezvous, no algorithm names."""
+"""What every reference backend shares: MPI for identity and rendezvous, no algorithm names.
+
+A reference backend runs each call with its library's own function. Which function is the
+collective's business (``Collective.mpi`` / ``Collective.c10d`` in ringcomm/collectives); the
+backend supplies the library handles, waits on the request with the communicator's deadline
+and turns library errors into ringcomm's. A collective a backend cannot run says so by name
+(the model of torch's c10d Backend: "Backend X does not support allreduce"), before any
+communication.
+"""
 from __future__ import annotations
 
 from typing import Optional
 
+import numpy as np
+
 from ..communicator import Communicator
-from ..errors import bad_type, bad_value
+from ..core.executor import DIAGNOSE_EVERY
+from ..errors import CommError, CommTimeoutError, UsageError, bad_type, bad_value
 from ..transport.mpi import MPITransport
+from ..transport.polling import wait_polling
 
 
 class ReferenceCommunicator(Communicator):
@@ -18,22 +30,81 @@ class ReferenceCommunicator(Communicator):
     backend = "reference"
     library = "the library"   # named in error messages
 
-    def __init__(self, world, topology, *, timeout: Optional[float]):
+    def __init__(self, world, topology, *, timeout: Optional[float], context: tuple = ()):
         super().__init__(MPITransport(world), timeout=timeout, local_rank=topology.local_rank,
                          local_size=topology.local_size, node_count=topology.node_count,
-                         topology=topology)
+                         topology=topology, context=context)
         self.world = world
 
-    def _check_algorithm(self, name: str, algorithm, buf=None) -> Optional[str]:
+    def _check_algorithm(self, call, algorithm) -> Optional[str]:
+        self._check_supported(call)
         if algorithm is None:
             return None
         if not isinstance(algorithm, str):
-            raise bad_type(name, "algorithm", "a str or None", type(algorithm).__name__)
-        raise bad_value(name, "algorithm",
+            raise bad_type(call.name, "algorithm", "a str or None", type(algorithm).__name__)
+        raise bad_value(call.name, "algorithm",
                         f"None: backend {self.backend!r} runs {self.library}'s own algorithms "
                         f"(algorithm names apply to backend 'ringcomm')", algorithm)
 
-    def _describe(self, name: str, seq: int, work, buf) -> str:
-        dtype = buf.dtype.name if buf is not None else "bytes"
-        count = work.numel() if hasattr(work, "numel") else work.size   # torch tensor or numpy
-        return f"{name} #{seq} ({self.backend}, {count} x {dtype})"
+    def _check_supported(self, call) -> None:
+        """Raise UsageError (before any communication) for what the library cannot do."""
+
+    def _describe(self, call, seq: int) -> str:
+        return f"{call.name} #{seq} ({self.backend}, {call.count} x {call.dtype.name if call.dtype else 'bytes'})"
+
+    def _collective(self, call, algorithm, seq):
+        what = self._describe(call, seq)
+        try:
+            handle, keep = self._start_call(call)
+        except NotImplementedError as err:
+            raise UsageError(f"{what}: {err}") from None
+        self._wait(handle, keep, what)
+
+    def _start_call(self, call):
+        raise NotImplementedError
+
+    def _wait(self, handle, keep, what: str) -> None:
+        raise NotImplementedError
+
+    # ---- sub-communicators ----------------------------------------------------------------------
+    def _split(self, seq: int, color, key: int):
+        """Agree on the groups over MPI, then let the library build each (``_sub_backend``)."""
+        table = self.world.allgather((color, key))
+        members = None
+        if color is not None:
+            members = sorted((r for r in range(self.size) if table[r][0] == color), key=lambda r: (table[r][1], r))
+        self._splits += 1
+        path = self.context + ((self._splits, color),)
+        from mpi4py import MPI
+        sub_world = self.world.Split(MPI.UNDEFINED if color is None else color,
+                                     0 if members is None else members.index(self.rank))
+        sub = self._sub_backend(sub_world, members, path)
+        return sub
+
+    def _sub_backend(self, sub_world, members, path):
+        raise NotImplementedError(f"backend {self.backend!r} has no sub-communicators")
+
+    def _sub_topology(self, members):
+        from ..topology import Topology
+        return Topology.from_names(members.index(self.rank), [self.topology.node_of[r] for r in members])
+
+
+def wait_library(test, timeout: Optional[float], aborted, what: str, library: str) -> None:
+    """Poll a library request until done; CommTimeoutError naming the call at the deadline."""
+    if not wait_polling(test, timeout, aborted):
+        raise CommTimeoutError(f"{what}: {library} did not complete it within {timeout:g} s; a peer may "
+                               f"not have entered it or may have entered a different collective")
+
+
+def stalled_slice() -> float:
+    return DIAGNOSE_EVERY
+
+
+def comm_error(what: str, library: str, err: BaseException) -> CommError:
+    text = str(err)
+    kind = CommTimeoutError if "timeout" in text.lower() or "timed out" in text.lower() else CommError
+    return kind(f"{what}: {library} failed: {text}")
+
+
+def host_copy(a):
+    return np.array(a, copy=True)

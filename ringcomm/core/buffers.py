@@ -28,7 +28,8 @@ def _torch():
 def _torch_dtype_names() -> dict:
     torch = _torch()
     return {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32",
-            torch.float64: "float64", torch.int32: "int32", torch.int64: "int64", torch.uint8: "uint8"}
+            torch.float64: "float64", torch.int8: "int8", torch.int16: "int16", torch.int32: "int32",
+            torch.int64: "int64", torch.uint8: "uint8", torch.bool: "bool"}
 
 
 @dataclass(slots=True)
@@ -115,17 +116,3 @@ def _numpy_buffer(x: np.ndarray, collective: str, argument: str) -> Buffer:
     if not flags.writeable:
         raise bad_value(collective, argument, "a writable array", "a read-only array")
     return Buffer(x, x if x.ndim == 1 else x.reshape(-1), dtype, "numpy", "cpu")
-
-
-def check_pair(collective: str, out: Buffer, x: Buffer, out_numel: int) -> None:
-    """The rules for collectives that take both ``out`` and ``x``."""
-    if out.kind != x.kind:
-        raise bad_type(collective, "out", f"the same array type as x ({x.kind})", out.kind)
-    if out.dtype is not x.dtype:
-        raise bad_type(collective, "out", f"dtype {x.dtype.name} like x", f"dtype {out.dtype.name}")
-    if out.numel != out_numel:
-        raise bad_value(collective, "out", f"{out_numel} elements", f"{out.numel} elements")
-
-
-def shares_memory(a: Buffer, b: Buffer) -> bool:
-    return np.shares_memory(a.flat, b.flat)

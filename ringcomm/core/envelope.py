@@ -1,52 +1,73 @@
-"""What a message's tag says about the collective that sent it, so mismatches fail loudly.
+"""What a message's tag says about the call that sent it, so mismatches fail loudly.
 
-Every data message of a collective carries, in its MPI tag, the collective's sequence number,
-which collective it is, its dtype and its element count modulo 1024. Ranks that disagree on any
-of these post receives that can never match the messages their peers send, so instead of
-silently reducing int32 bits as float32, or mixing chunks of different lengths, the waits stall;
-the executor then looks at the first unmatched message from the peer it waits for (a probe) and
-raises MismatchError saying which field differs. That costs nothing on the fast path.
+Every data message of a collective carries, in its tag, the collective's sequence number, which
+collective it is (its code, owned by its file in ringcomm/collectives), its dtype and its element
+count modulo 512. Ranks that disagree on any of these post receives that can never match the
+messages their peers send, so instead of silently reducing int32 bits as float32, or mixing
+chunks of different lengths, the waits stall; the executor then looks at the first unmatched
+message from the peer it waits for (a probe) and raises MismatchError saying which field differs.
+That costs nothing on the fast path.
 
-Layout (29 bits, MPICH's tag bound here is 2**29 - 1):
+Layout (29 bits: MPICH's tag bound here is 2**29 - 1):
   bit 28       control (abort notices, debug fingerprints): never a data message
-  bits 18..27  sequence number mod 1024
-  bits 15..17  collective
-  bits 12..14  dtype
-  bits  2..11  count mod 1024
-  bits  0..1   channel (independent streams of one algorithm)
+  bit 27       point-to-point (send/recv) rather than a collective
+  collectives:   bits 19..26 sequence mod 256 | 15..18 collective | 11..14 dtype
+                 | 2..10 count mod 512 | 0..1 channel (independent streams of one algorithm)
+  point-to-point: bits 23..26 dtype | 0..22 the user's tag
+Sub-communicators keep their messages apart above bit 32 (transport views add their context
+there) or on MPI communicators of their own, so these 29 bits are per communicator.
 """
 from __future__ import annotations
 
 from functools import lru_cache
 from typing import Optional
 
-from ..algorithms import COLLECTIVES
 from .ops import DTYPES
 
 DTYPE_NAMES = tuple(DTYPES)
+NO_DTYPE = 15                  # dtype field of calls without one (barrier)
 CONTROL = 1 << 28
+P2P = 1 << 27
 ABORT_TAG = CONTROL | 4        # payload: the error text of a rank that gave up
 FINGERPRINT_TAG = CONTROL | 8  # RINGCOMM_DEBUG=detail / CHECK_FINITE pre-flight exchange
 PINGPONG_TAG = CONTROL | 12    # ringcomm.tune's point-to-point timings
-SEQ_MOD = 1024
-COUNT_MOD = 1024
-STAMP_COUNT_SHIFT = 32   # a one-shot window stamp: the exact count above the 29-bit tag
+SPLIT_TAG = CONTROL | 16       # comm.split()'s exchange of colors and keys
+SEQ_MOD = 256
+COUNT_MOD = 512
+USER_TAG_LIMIT = 1 << 23       # send/recv tags are 0 .. USER_TAG_LIMIT - 1
+STAMP_COUNT_SHIFT = 32         # a one-shot window stamp: the exact count above the 29-bit tag
+
+_names: dict = {}              # collective code -> name, filled by the collectives registry
+
+
+def register_collective(code: int, name: str) -> None:
+    if not 0 <= code < 16 or _names.get(code, name) != name:
+        raise ValueError(f"collective code {code} of {name!r} is out of range or taken by {_names.get(code)!r}")
+    _names[code] = name
+
+
+def _name(code: int) -> str:
+    return _names.get(code, f"collective {code}")
 
 
 @lru_cache(maxsize=4096)
-def static_bits(collective: str, dtype: Optional[str], count: int) -> int:
+def static_bits(code: int, dtype: Optional[str], count: int) -> int:
     """The tag bits that do not change from call to call of one shape (all but the sequence)."""
-    code = DTYPE_NAMES.index(dtype) if dtype else 7
-    return COLLECTIVES.index(collective) << 15 | code << 12 | (count % COUNT_MOD) << 2
+    d = DTYPE_NAMES.index(dtype) if dtype else NO_DTYPE
+    return code << 15 | d << 11 | (count % COUNT_MOD) << 2
 
 
 class Envelope:
     """The fields one collective call stamps on its messages (immutable by convention; built
     once per call, so it is a plain slotted class: a frozen dataclass costs twice as much)."""
-    __slots__ = ("seq", "collective", "dtype", "count")
+    __slots__ = ("seq", "code", "dtype", "count")
 
-    def __init__(self, seq: int, collective: str, dtype: Optional[str], count: int):
-        self.seq, self.collective, self.dtype, self.count = seq, collective, dtype, count   # dtype None: barrier
+    def __init__(self, seq: int, code: int, dtype: Optional[str], count: int):
+        self.seq, self.code, self.dtype, self.count = seq, code, dtype, count   # dtype None: barrier
+
+    @property
+    def collective(self) -> str:
+        return _name(self.code)
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Envelope) and self.fields() == other.fields()
@@ -58,23 +79,27 @@ class Envelope:
         return f"Envelope(seq={self.seq}, collective={self.collective!r}, dtype={self.dtype!r}, count={self.count})"
 
     def fields(self) -> tuple:
-        return self.seq, self.collective, self.dtype, self.count
+        return self.seq, self.code, self.dtype, self.count
 
     def base_tag(self) -> int:
-        return (self.seq % SEQ_MOD) << 18 | static_bits(self.collective, self.dtype, self.count)
+        return (self.seq % SEQ_MOD) << 19 | static_bits(self.code, self.dtype, self.count)
 
     def describe_mismatch(self, tag: int, peer: int) -> Optional[str]:
         """Why a message with ``tag`` from ``peer`` cannot belong to this collective, or None."""
+        tag &= (1 << 29) - 1
         if tag & CONTROL:
             return None
-        seq, coll, dtype, count = tag >> 18 & 1023, tag >> 15 & 7, tag >> 12 & 7, tag >> 2 & 1023
-        theirs_coll = COLLECTIVES[coll] if coll < len(COLLECTIVES) else f"collective {coll}"
+        if tag & P2P:
+            return (f"rank {peer} sent a point-to-point message (tag {tag & (USER_TAG_LIMIT - 1)}) while this "
+                    f"rank is in collective #{self.seq} ({self.collective}): the ranks disagree on what comes next")
+        seq, code, dtype, count = tag >> 19 & 255, tag >> 15 & 15, tag >> 11 & 15, tag >> 2 & 511
+        theirs_coll = _name(code)
         theirs_dtype = DTYPE_NAMES[dtype] if dtype < len(DTYPE_NAMES) else None
         if seq != self.seq % SEQ_MOD:
             return (f"rank {peer} is at collective #{seq} (mod {SEQ_MOD}, {theirs_coll}) while this rank "
                     f"is at #{self.seq} ({self.collective}): a rank skipped or added a collective")
         diffs = []
-        if theirs_coll != self.collective:
+        if code != self.code:
             diffs.append(f"collective: expected {self.collective}, received {theirs_coll}")
         if theirs_dtype != self.dtype:
             diffs.append(f"dtype: expected {self.dtype}, received {theirs_dtype}")
@@ -84,10 +109,28 @@ class Envelope:
         return f"rank {peer} differs in " + "; ".join(diffs) if diffs else None
 
 
+def p2p_tag(dtype: str, user_tag: int) -> int:
+    """The tag of a send/recv: its dtype and the user's tag (so a float32 receive never takes an
+    int32 message of the same length)."""
+    return P2P | DTYPE_NAMES.index(dtype) << 23 | user_tag
+
+
+def describe_p2p_mismatch(tag: int, dtype: str, user_tag: int, peer: int) -> Optional[str]:
+    """Why a message with ``tag`` from ``peer`` is not what a receive of (dtype, user_tag) waits for."""
+    tag &= (1 << 29) - 1
+    if not tag & P2P or tag & CONTROL or tag & (USER_TAG_LIMIT - 1) != user_tag:
+        return None
+    theirs = tag >> 23 & 15
+    theirs_dtype = DTYPE_NAMES[theirs] if theirs < len(DTYPE_NAMES) else f"dtype {theirs}"
+    if theirs_dtype != dtype:
+        return f"rank {peer} sent {theirs_dtype} under tag {user_tag}, this rank receives {dtype}"
+    return None
+
+
 def window_stamp(seq: int, static: int, count: int) -> int:
     """What a one-shot round writes beside its slot: the call's tag (sequence and ``static``
-    bits) and its exact count, so ranks whose counts agree mod 1024 still disagree here."""
-    return count << STAMP_COUNT_SHIFT | (seq % SEQ_MOD) << 18 | static
+    bits) and its exact count, so ranks whose counts agree mod 512 still disagree here."""
+    return count << STAMP_COUNT_SHIFT | (seq % SEQ_MOD) << 19 | static
 
 
 def stamp_parts(stamp: int) -> tuple:
@@ -99,8 +142,8 @@ class ControlEnvelope(Envelope):
     """Envelope of a control exchange: a fixed tag, so it matches whatever collective peers are in."""
     __slots__ = ("tag",)
 
-    def __init__(self, tag: int):
-        super().__init__(0, "all_gather", "int64", 0)
+    def __init__(self, tag: int, what: str = "control exchange"):
+        super().__init__(0, 15, "int64", 0)
         self.tag = tag
 
     def base_tag(self) -> int:

@@ -3,6 +3,7 @@
 A compiled program is a tuple of lanes; a lane is a list of steps. One lane runs with plain
 blocking waits. Several lanes (independent pipelines on their own channels) are advanced
 together: whichever lane's next request has completed moves on, so no lane waits on another.
+Programs address named buffers (schedule.IN, OUT, TMP); ``run`` receives the arrays.
 
 A wait that does not finish at once is watched: every so often the executor probes for the
 first unmatched message of the peer it waits on. A message whose envelope (see envelope.py)
@@ -19,51 +20,74 @@ import numpy as np
 from ..errors import CommTimeoutError, MismatchError, PeerAbortedError
 from ..transport.base import Reducer, Transport
 from .envelope import ABORT_TAG, Envelope, stamp_parts
-from .schedule import Recv, RecvReduce, Send, lanes_of, sends_first
+from .schedule import TMP, Copy, Recv, RecvReduce, Send, lanes_of, prologue_of, scratch_elements, sends_first
 
+_NOTHING = np.empty(0, np.uint8)   # the buffers of a call without any (barrier)
 POLL_SLICE = 200e-6    # with several lanes, how long to block on one before checking the others
 DIAGNOSE_EVERY = 0.05  # seconds between probes while a wait is stalled
 
 
 class _Lane(list):
-    """A compiled lane: its steps, plus the scratch its largest step needs (computed once)."""
+    """A compiled lane: its steps, plus the receive scratch its largest step needs (computed once)."""
     __slots__ = ("scratch",)
 
 
-def _compile_lane(lane) -> _Lane:
-    out = _Lane((tuple(step), sends_first(step), sum(op.count for op in step if isinstance(op, RecvReduce)))
+class Compiled:
+    """A compiled program: local copies to make first, its lanes, and the TMP elements it needs.
+    False when there is nothing to do (one rank, or nothing to move)."""
+    __slots__ = ("prologue", "lanes", "tmp")
+
+    def __init__(self, prologue: tuple, lanes: tuple, tmp: int):
+        self.prologue, self.lanes, self.tmp = prologue, lanes, tmp
+
+    def __bool__(self) -> bool:
+        return bool(self.lanes or self.prologue)
+
+
+def _compile_lane(lane, separate: bool) -> _Lane:
+    out = _Lane((tuple(op for op in step if isinstance(op, Copy)),
+                 tuple(op for op in step if not isinstance(op, Copy)),
+                 sends_first(step, separate),
+                 sum(op.count for op in step if isinstance(op, RecvReduce)))
                 for step in lane)
-    out.scratch = max(n for *_, n in out)
+    out.scratch = max((n for *_, n in out), default=0)
     return out
 
 
-def compile_program(program) -> tuple:
+def compile_program(program, in_place: bool = True) -> Compiled:
     """Precompute, once per cached program, what the executor needs to know about each step."""
-    return tuple(_compile_lane(lane) for lane in lanes_of(program) if lane)
+    lanes = tuple(_compile_lane(lane, not in_place) for lane in lanes_of(program) if lane)
+    return Compiled(prologue_of(program), lanes, scratch_elements(program))
 
 
 class _Step:
     """One posted step: its requests in completion order, and reductions deferred to its end."""
     __slots__ = ("requests", "reductions", "cursor")
 
-    def __init__(self, step, late_reduce, transport, work, scratch, reduce, base):
+    def __init__(self, copies, step, late_reduce, transport, bufs, scratch, reduce, base):
+        for op in copies:   # local moves first: the step's sends may read what they wrote
+            bufs[op.buf][op.off:op.off + op.count] = bufs[op.src][op.src_off:op.src_off + op.count]
         recvs, sends, self.reductions, used = [], [], [], 0
         for op in step:   # receives first, so a peer's send never waits on our posting order
-            region = work[op.off:op.off + op.count]
+            if isinstance(op, Send):
+                continue
+            region = bufs[op.buf][op.off:op.off + op.count]
             tag = base + op.channel
             if isinstance(op, Recv):
                 recvs.append((op, transport.irecv(region, op.peer, tag)))
-            elif isinstance(op, RecvReduce):
-                tmp = scratch[used:used + op.count]
-                used += op.count
-                if late_reduce:   # W must not change under the in-flight sends of this step
-                    recvs.append((op, transport.irecv(tmp, op.peer, tag)))
-                    self.reductions.append((region, tmp))
-                else:
-                    recvs.append((op, transport.irecv_reduce(region, op.peer, tag, reduce, tmp)))
+                continue
+            tmp = scratch[used:used + op.count]
+            used += op.count
+            own = None if op.own is None else bufs[op.own][op.own_off:op.own_off + op.count]
+            if late_reduce:   # the region must not change under the in-flight sends of this step
+                recvs.append((op, transport.irecv(tmp, op.peer, tag)))
+                self.reductions.append((region, tmp, own))
+            else:
+                recvs.append((op, transport.irecv_reduce(region, op.peer, tag, reduce, tmp, own)))
         for op in step:
             if isinstance(op, Send):
-                sends.append((op, transport.isend(work[op.off:op.off + op.count], op.peer, base + op.channel)))
+                sends.append((op, transport.isend(bufs[op.buf][op.off:op.off + op.count], op.peer,
+                                                  base + op.channel)))
         # Waited in op order, so the order of reduction never depends on arrival order.
         self.requests = sends + recvs if late_reduce else recvs + sends
         self.cursor = 0
@@ -77,8 +101,11 @@ class _Step:
         return True
 
     def finish(self, reduce) -> None:
-        for region, tmp in self.reductions:
-            reduce(region, tmp)
+        for region, tmp, own in self.reductions:
+            if own is None:
+                reduce(region, tmp)
+            else:
+                reduce(region, tmp, own)
 
     def blocking_op(self):
         return self.requests[self.cursor][0]
@@ -115,11 +142,7 @@ class _Watch:
         transport = self.transport
         notice = transport.probe(None, ABORT_TAG)
         if notice is not None:
-            source, tag, nbytes = notice
-            text = np.empty(nbytes, np.uint8)
-            transport.irecv(text, source, tag).wait(1.0)
-            raise PeerAbortedError(f"{self.what} on rank {transport.rank}: rank {source} gave up: "
-                                   f"{text.tobytes().decode(errors='replace')}")
+            raise PeerAbortedError(f"{self.what} on rank {transport.rank}: {read_notice(transport, notice)}")
         first = transport.probe(peer)
         if first is not None:
             reason = self.envelope.describe_mismatch(first[1], peer)
@@ -135,46 +158,66 @@ class _Watch:
                 raise MismatchError(f"{self.what} on rank {transport.rank}: {reason}")
 
 
-def run(compiled, transport: Transport, work: np.ndarray, reduce: Optional[Reducer], *,
+def read_notice(transport: Transport, notice: tuple) -> str:
+    """Receive the abort notice ``probe`` found: "rank R gave up: <its reason>"."""
+    source, tag, nbytes = notice
+    text = np.empty(nbytes, np.uint8)
+    got = transport.irecv(text, source, tag).wait(1.0)
+    reason = text.tobytes().decode(errors="replace") if got else "(its reason did not arrive)"
+    return f"rank {source} gave up: {reason}"
+
+
+def run(compiled: Compiled, transport: Transport, bufs: tuple, reduce: Optional[Reducer], *,
         envelope: Envelope, timeout: Optional[float], what: str) -> None:
-    """Execute a compiled program on ``work`` in place.
+    """Execute a compiled program over ``bufs`` (IN, OUT, TMP arrays; TMP may be None when the
+    program needs none).
 
     ``what`` names the call in errors, e.g. "all_reduce #12 (ring, 4096 x float32)".
     """
-    if not compiled:
+    like = bufs[1] if bufs[1] is not None else bufs[0] if bufs[0] is not None else _NOTHING   # scratch is made like it
+    # A rank without some buffer (gather's OUT off the root) still names it in zero-byte ops
+    # (the confirmation barrier): an empty view stands in.
+    if compiled.tmp and (bufs[TMP] is None or bufs[TMP].size < compiled.tmp):
+        # empty_like: scratch lives where the data does (numpy, or cupy for device arrays)
+        bufs = (bufs[0], bufs[1], np.empty_like(like, shape=compiled.tmp))
+    if bufs[0] is None or bufs[1] is None or bufs[2] is None:
+        bufs = tuple(like[:0] if b is None else b for b in bufs)
+    for op in compiled.prologue:
+        bufs[op.buf][op.off:op.off + op.count] = bufs[op.src][op.src_off:op.src_off + op.count]
+    lanes = compiled.lanes
+    if not lanes:
         return
     base = envelope.base_tag()
     watch = _Watch(transport, envelope, timeout, what)
-    if len(compiled) == 1:
-        _run_lane(compiled[0], transport, work, reduce, base, watch)
+    if len(lanes) == 1:
+        _run_lane(lanes[0], transport, bufs, like, reduce, base, watch)
     else:
-        _run_lanes(compiled, transport, work, reduce, base, watch)
+        _run_lanes(lanes, transport, bufs, like, reduce, base, watch)
 
 
-def _run_lane(lane, transport, work, reduce, base, watch: _Watch) -> None:
-    # empty_like: scratch lives where work does (numpy, or cupy for CUDA tensors)
-    scratch = np.empty_like(work, shape=lane.scratch)
-    for k, (step, late_reduce, _) in enumerate(lane):
-        posted = _Step(step, late_reduce, transport, work, scratch, reduce, base)
+def _run_lane(lane, transport, bufs, like, reduce, base, watch: _Watch) -> None:
+    scratch = np.empty_like(like, shape=lane.scratch)
+    for k, (copies, step, late_reduce, _) in enumerate(lane):
+        posted = _Step(copies, step, late_reduce, transport, bufs, scratch, reduce, base)
         if not posted.advance(0.0):
             while not posted.advance(min(DIAGNOSE_EVERY, watch.left() if watch.deadline else DIAGNOSE_EVERY)):
                 watch.stalled(posted.blocking_op(), k, len(lane))
         posted.finish(reduce)
 
 
-def _run_lanes(compiled, transport, work, reduce, base, watch: _Watch) -> None:
-    scratch = [np.empty_like(work, shape=lane.scratch) for lane in compiled]
-    position = [0] * len(compiled)
-    posted: list = [None] * len(compiled)
+def _run_lanes(lanes, transport, bufs, like, reduce, base, watch: _Watch) -> None:
+    scratch = [np.empty_like(like, shape=lane.scratch) for lane in lanes]
+    position = [0] * len(lanes)
+    posted: list = [None] * len(lanes)
     slice_ = 0.0
     while True:
         moved = False
-        for i, lane in enumerate(compiled):
+        for i, lane in enumerate(lanes):
             if posted[i] is None:
                 if position[i] == len(lane):
                     continue
-                step, late_reduce, _ = lane[position[i]]
-                posted[i] = _Step(step, late_reduce, transport, work, scratch[i], reduce, base)
+                copies, step, late_reduce, _ = lane[position[i]]
+                posted[i] = _Step(copies, step, late_reduce, transport, bufs, scratch[i], reduce, base)
             if posted[i].advance(slice_):
                 posted[i].finish(reduce)
                 posted[i] = None
@@ -182,7 +225,7 @@ def _run_lanes(compiled, transport, work, reduce, base, watch: _Watch) -> None:
                 moved = True
             else:
                 watch.stalled(posted[i].blocking_op(), position[i], len(lane))
-        if all(position[i] == len(lane) for i, lane in enumerate(compiled)):
+        if all(position[i] == len(lane) for i, lane in enumerate(lanes)):
             return
         slice_ = 0.0 if moved else min(POLL_SLICE, 2 * slice_ or 10e-6)   # back off while nothing moves
 

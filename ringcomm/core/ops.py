@@ -1,23 +1,31 @@
 """Reduction operators and the dtypes they run on.
 
-Every reduction here is an in-place ``dst = dst OP src`` on flat numpy arrays of the *storage*
-dtype. The algorithms only ever call these kernels, so the per-element order of reduction is fixed
-by the algorithm's schedule alone, which is what keeps results bitwise identical across ranks.
+Every reduction here is an in-place ``dst = dst OP src`` (or ``out = a OP b``) on flat numpy
+arrays of the *storage* dtype. The algorithms only ever call these kernels, so the per-element
+order of reduction is fixed by the algorithm's schedule alone, which is what keeps results
+bitwise identical across ranks.
 
 Half precision: numpy computes float16 arithmetic in float32 and rounds once per operation, and
 bfloat16 (stored as uint16, numpy has no bf16) is widened to float32 here explicitly, then rounded
 to nearest-even. Each pairwise step therefore rounds once, as NCCL does, rather than compounding
 rounding inside a half-precision accumulation loop.
+
+Which op runs on which dtype follows torch's gloo (measured: docs/collectives.md): band, bor and
+bxor need integers or bool; avg and premul_sum need floating types; bool sums are logical or and
+products logical and. Two deliberate differences: int16 is accepted (gloo refuses the dtype
+altogether), and the average of float16/bfloat16 scales every input by 1/n before summing, as
+NCCL does, so an average that is representable never overflows on the way (gloo sums first: two
+ranks passing 60000.0 in float16 get inf there).
 """
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
 import numpy as np
 
-from ..errors import bad_value
+from ..errors import bad_type, bad_value
 
 
 class ReduceOp(enum.Enum):
@@ -26,6 +34,10 @@ class ReduceOp(enum.Enum):
     PROD = "prod"
     MIN = "min"
     MAX = "max"
+    BAND = "band"
+    BOR = "bor"
+    BXOR = "bxor"
+    PREMUL_SUM = "premul_sum"   # sum of factor * x; pass ringcomm.premul_sum(factor)
 
     def __str__(self) -> str:  # error messages print "sum", not "ReduceOp.SUM"
         return self.value
@@ -34,47 +46,87 @@ class ReduceOp(enum.Enum):
 
 
 OP_NAMES = tuple(op.value for op in ReduceOp)
-
-
 _BY_VALUE = {op.value: op for op in ReduceOp}   # a dict hit is ~4x cheaper than ReduceOp("sum")
+_BITWISE = (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR)
+_FLOAT_ONLY = (ReduceOp.AVG, ReduceOp.PREMUL_SUM)
 
 
-def parse_op(op, collective: str) -> ReduceOp:
+class PreMulSum:
+    """``op=ringcomm.premul_sum(factor)``: every rank's input is multiplied by ``factor`` (in the
+    input's dtype, one rounding) and the products are summed, as torch/NCCL define premul_sum."""
+    __slots__ = ("factor",)
+
+    def __init__(self, factor: float):
+        if isinstance(factor, bool) or not isinstance(factor, (int, float, np.floating, np.integer)):
+            raise bad_type("premul_sum", "factor", "a real number", type(factor).__name__)
+        if not np.isfinite(factor):
+            raise bad_value("premul_sum", "factor", "a finite number", factor)
+        self.factor = float(factor)
+
+    def __repr__(self) -> str:
+        return f"premul_sum({self.factor!r})"
+
+
+def premul_sum(factor: float) -> PreMulSum:
+    return PreMulSum(factor)
+
+
+def parse_op(op, collective: str) -> tuple:
+    """(ReduceOp, premul factor or None) from what the user passed."""
     if isinstance(op, ReduceOp):
-        return op
+        if op is ReduceOp.PREMUL_SUM:
+            raise bad_value(collective, "op", "ringcomm.premul_sum(factor) (premul_sum needs its factor)", op.value)
+        return op, None
+    if isinstance(op, PreMulSum):
+        return ReduceOp.PREMUL_SUM, op.factor
     if isinstance(op, str):
-        if op in _BY_VALUE:
-            return _BY_VALUE[op]
-        try:
-            return ReduceOp(op.lower())
-        except ValueError:
-            pass
-    raise bad_value(collective, "op", f"one of {', '.join(OP_NAMES)} or a ringcomm.ReduceOp", op)
+        found = _BY_VALUE.get(op) or _BY_VALUE.get(op.lower())
+        if found is not None and found is not ReduceOp.PREMUL_SUM:
+            return found, None
+    names = ", ".join(n for n in OP_NAMES if n != "premul_sum")
+    raise bad_value(collective, "op", f"one of {names}, a ringcomm.ReduceOp or ringcomm.premul_sum(factor)", op)
 
 
 @dataclass(frozen=True, eq=False)   # one instance per dtype (DTYPES): identity is equality, and hashes fast
 class DType:
     name: str
     storage: np.dtype      # what the bytes are in memory, and what numpy views them as
-    is_float: bool
+    kind: str              # "float", "int" or "bool"
 
     @property
     def itemsize(self) -> int:
         return self.storage.itemsize
 
+    @property
+    def is_float(self) -> bool:
+        return self.kind == "float"
+
 
 DTYPES = {
     d.name: d
     for d in (
-        DType("float16", np.dtype(np.float16), True),
-        DType("bfloat16", np.dtype(np.uint16), True),
-        DType("float32", np.dtype(np.float32), True),
-        DType("float64", np.dtype(np.float64), True),
-        DType("int32", np.dtype(np.int32), False),
-        DType("int64", np.dtype(np.int64), False),
-        DType("uint8", np.dtype(np.uint8), False),
+        DType("float16", np.dtype(np.float16), "float"),
+        DType("bfloat16", np.dtype(np.uint16), "float"),
+        DType("float32", np.dtype(np.float32), "float"),
+        DType("float64", np.dtype(np.float64), "float"),
+        DType("int8", np.dtype(np.int8), "int"),
+        DType("int16", np.dtype(np.int16), "int"),
+        DType("int32", np.dtype(np.int32), "int"),
+        DType("int64", np.dtype(np.int64), "int"),
+        DType("uint8", np.dtype(np.uint8), "int"),
+        DType("bool", np.dtype(np.bool_), "bool"),
     )
 }
+
+
+def check_op(collective: str, op: ReduceOp, dtype: DType) -> None:
+    """Refuse the pairs torch's gloo refuses (module doc), naming what would work."""
+    if op in _BITWISE and dtype.is_float:
+        raise bad_value(collective, "op", f"sum, prod, min, max, avg or premul_sum for floating dtype {dtype.name}",
+                        op.value)
+    if op in _FLOAT_ONLY and not dtype.is_float:
+        raise bad_value(collective, "op", f"sum, prod, min, max, band, bor or bxor for {dtype.kind} dtype "
+                        f"{dtype.name}", op.value)
 
 
 def bf16_to_f32(u16: np.ndarray) -> np.ndarray:
@@ -94,10 +146,14 @@ def f32_to_bf16(f32: np.ndarray, out: np.ndarray) -> None:
 
 _UFUNC = {
     ReduceOp.SUM: np.add,
-    ReduceOp.AVG: np.add,   # avg is a sum on the wire; divide_by_size() finishes it
+    ReduceOp.AVG: np.add,          # avg and premul_sum are sums on the wire (see finish/prescale)
+    ReduceOp.PREMUL_SUM: np.add,
     ReduceOp.PROD: np.multiply,
     ReduceOp.MIN: np.minimum,
     ReduceOp.MAX: np.maximum,
+    ReduceOp.BAND: np.bitwise_and,
+    ReduceOp.BOR: np.bitwise_or,
+    ReduceOp.BXOR: np.bitwise_xor,
 }
 
 Reducer = Callable[[np.ndarray, np.ndarray], None]
@@ -167,8 +223,36 @@ def _make_combiner(op: ReduceOp, dtype: DType):
     return combine_native
 
 
+def prescale_factor(op: ReduceOp, factor: Optional[float], dtype: DType, size: int) -> Optional[float]:
+    """The factor every rank multiplies its input by before the sum, or None: premul_sum's own,
+    and 1/n for the average of half-precision types (module doc: no overflow on the way)."""
+    if op is ReduceOp.PREMUL_SUM:
+        return factor
+    if op is ReduceOp.AVG and dtype.name in ("float16", "bfloat16") and size > 1:
+        return 1.0 / size
+    return None
+
+
+def scale_into(out: np.ndarray, src: np.ndarray, dtype: DType, factor: float) -> None:
+    """out = src * factor, rounded once to the storage type (out may be src)."""
+    if dtype.name == "bfloat16":
+        f32_to_bf16(bf16_to_f32(src) * np.float32(factor), out)
+    elif dtype.name == "float16":
+        np.copyto(out, (src.astype(np.float32) * np.float32(factor)).astype(np.float16))
+    else:
+        np.multiply(src, src.dtype.type(factor), out=out)
+
+
+def finish_avg(buf: np.ndarray, dtype: DType, size: int) -> None:
+    """Finish an avg that was summed unscaled (float32, float64): every rank divides identical bits
+    by the same n, so results stay identical. Half types were scaled before the sum instead."""
+    if size == 1 or buf.size == 0 or dtype.name in ("float16", "bfloat16"):
+        return
+    np.divide(buf, buf.dtype.type(size), out=buf)
+
+
 def divide_by_size(buf: np.ndarray, dtype: DType, size: int) -> None:
-    """Finish an avg: every rank divides identical bits by the same n, so results stay identical."""
+    """Divide identical bits by n on every rank (any floating dtype)."""
     if size == 1 or buf.size == 0:
         return
     if dtype.name == "bfloat16":

@@ -11,7 +11,8 @@ import numpy as np
 
 from .. import algorithms
 from ..core import executor
-from ..core.envelope import FINGERPRINT_TAG, ControlEnvelope
+from ..core.envelope import FINGERPRINT_TAG, ControlEnvelope, Envelope
+from ..core.schedule import Shape
 from ..core.ops import DTYPES, OP_NAMES, bf16_to_f32
 from ..errors import MismatchError, NonFiniteError
 
@@ -28,14 +29,15 @@ def has_non_finite(flat: np.ndarray, dtype_name: str) -> bool:
     return bool(flat.size) and not np.isfinite(flat).all()
 
 
-def fingerprint(collective, seq, count, dtype, op, root, non_finite) -> np.ndarray:
-    return np.array([algorithms.COLLECTIVES.index(collective), seq, count,
+def fingerprint(code, seq, count, dtype, op, root, non_finite) -> np.ndarray:
+    """``code``: the collective's envelope code (its file in ringcomm/collectives says which)."""
+    return np.array([code, seq, count,
                      _DTYPES.index(dtype or "-"), _OPS.index(op or "-"), root, int(non_finite)], np.int64)
 
 
 def _show(field: int, value: int) -> str:
     if field == 0:
-        return algorithms.COLLECTIVES[value]
+        return Envelope(0, value, None, 0).collective
     if field == 3:
         return _DTYPES[value]
     if field == 4:
@@ -47,9 +49,8 @@ def check(transport, timeout, what: str, mine: np.ndarray, *, check_fields: bool
     size, width = transport.size, mine.size
     table = np.zeros(size * width, np.int64)
     table[transport.rank * width:(transport.rank + 1) * width] = mine
-    seg = max(1, table.size)
-    program = algorithms.plan("all_gather", "ring", transport.rank, size, table.size, 0, seg)
-    executor.run(program, transport, table, None, envelope=ControlEnvelope(FINGERPRINT_TAG),
+    program = algorithms.plan("all_gather", "ring", transport.rank, Shape(size, table.size, seg=max(1, table.size)))
+    executor.run(program, transport, (table, table, None), None, envelope=ControlEnvelope(FINGERPRINT_TAG),
                  timeout=timeout, what=f"{what} pre-flight check")
     rows = table.reshape(size, width)
     if check_fields:

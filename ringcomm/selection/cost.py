@@ -100,3 +100,9 @@ def log2_ceil(n: int) -> int:
 
 def pow2_floor(n: int) -> int:
     return 1 << (n.bit_length() - 1) if n >= 1 else 0
+
+
+def flat(link: Link, size: int) -> Network:
+    """``size`` ranks on one node joined by ``link``: how one phase of a composite algorithm (a
+    ring inside a node, a ring across nodes) is priced on its own link."""
+    return Network(link, link, (size,))

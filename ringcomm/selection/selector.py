@@ -95,10 +95,17 @@ def routes_of(transport, nodes=None) -> tuple:
 
 
 @lru_cache(maxsize=8192)
-def predict(collective: str, nbytes: int, net: Network) -> tuple:
-    """((name, predicted seconds), ...) for every algorithm of ``collective``, registry order."""
-    return tuple((name, algorithms.get(collective, name).cost(nbytes, net.size, net))
-                 for name in algorithms.names(collective))
+def predict(collective: str, nbytes: int, net: Network, uneven: bool = False) -> tuple:
+    """((name, predicted seconds), ...) for every algorithm of ``collective``, registry order.
+    Algorithms that need equal counts cannot run an ``uneven`` call: infinitely expensive."""
+    out = []
+    for name in algorithms.names(collective):
+        algorithm = algorithms.get(collective, name)
+        if uneven and algorithm.kind == "schedule" and algorithm.even_only:
+            out.append((name, math.inf))
+        else:
+            out.append((name, algorithm.cost(nbytes, net)))
+    return tuple(out)
 
 
 def parse_forced(spec: Optional[str], source: str = "RINGCOMM_ALGO") -> dict:
@@ -208,7 +215,7 @@ class Selector:
         return cached[2], cached[4]
 
     def choose(self, collective: str, nbytes: int, size: int, *, dtype: str = "float32", nodes=None,
-               transport=None, window: bool = True) -> str:
+               transport=None, window: bool = True, uneven: bool = False) -> str:
         """The algorithm for one call; memoised per distinct call shape (a training loop repeats
         a handful of them), so this costs a dict lookup after the first call. ``window=False``:
         the buffer cannot use the transport's window (device memory)."""
@@ -217,14 +224,14 @@ class Selector:
             return forced
         routes, window_bytes = self._shape_of(transport, nodes)
         window_bytes = window_bytes if window else 0
-        key = (collective, nbytes, size, dtype, nodes, routes, window_bytes)
+        key = (collective, nbytes, size, dtype, nodes, routes, window_bytes, uneven)
         name = self._memo.get(key)
         if name is None:
             if len(self._memo) >= MEMO_LIMIT:
                 self._memo.clear()
             net = self.network(size, nodes, dtype, routes, window_bytes)
             measured = self.tuning.measured_times(collective, nbytes, net.local_sizes, routes, dtype)
-            name = self._memo[key] = decide(dict(predict(collective, nbytes, net)), measured)[0]
+            name = self._memo[key] = decide(dict(predict(collective, nbytes, net, uneven)), measured)[0]
         return name
 
 

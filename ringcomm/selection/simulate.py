@@ -21,7 +21,7 @@ import argparse
 import json
 import sys
 
-from .. import algorithms
+from .. import algorithms, collectives
 from ..errors import UsageError
 from .cost import Link, Network, uniform
 from .selector import fmt_seconds, predict
@@ -40,10 +40,6 @@ CLUSTERS = {
                    "inter": {"alpha_us": 15.0, "GBps": 11.0},
                    "reduce_GBps": 5.0},
 }
-BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
-              "reduce_scatter": lambda n: (n - 1) / n, "broadcast": lambda n: 1.0,
-              "reduce": lambda n: 1.0, "barrier": lambda n: 0.0}
-
 
 def cluster_links(spec: dict, name: str) -> tuple:
     """(intra Link, inter Link, ranks per node, nics) from a cluster description."""
@@ -98,7 +94,7 @@ def report(name: str, spec: dict, collective: str, sizes, max_ranks: int, out=sy
         net = uniform(intra, inter, per_node, n, nics)
         cells = "  ".join(f"{human(s)}: {a}" for s, a in crossover_row(collective, net, sweep))
         print(f"{n:>5} ranks {net.nodes:>4} node(s)  {cells}", file=out)
-    factor = BUS_FACTOR[collective]
+    factor = collectives.get(collective).bus_factor
     print("-- predicted time and busbw (GB/s) of the choice, and of the flat ring", file=out)
     print(f"{'ranks':>5}" + "".join(f"{human(s):>45}" for s in sizes), file=out)
     for n in world_sizes(max_ranks):

@@ -61,10 +61,10 @@ def fit_alpha(sizes, seconds: dict, link, local_sizes: tuple) -> tuple:
     from .cost import Link, Network
 
     def cost(name, nbytes, unit):
-        return algorithms.get("all_reduce", name).cost(nbytes, sum(local_sizes), Network(unit, unit, local_sizes))
+        return algorithms.get("all_reduce", name).cost(nbytes, Network(unit, unit, local_sizes))
     rows, rhs = [], []
     for name, times in seconds.items():
-        if algorithms.needs_window("all_reduce", name):
+        if algorithms.is_window("all_reduce", name):
             continue   # priced on the window link (fit_window), not this one
         for nbytes, t in zip(sizes, times):
             fixed = cost(name, nbytes, Link(0.0, link.beta, link.gamma))
@@ -120,7 +120,8 @@ def _pingpong(comm, peer: int, nbytes: int, a: int, budget: float) -> float:
         out = []
         for _ in range(n):
             t0 = time.perf_counter()
-            executor.run(program, comm.transport, work, None, envelope=envelope, timeout=60, what="tune ping-pong")
+            executor.run(program, comm.transport, (work, work, None), None, envelope=envelope, timeout=60,
+                         what="tune ping-pong")
             out.append((time.perf_counter() - t0) / 2)
         return out
     probe = rounds(3)
@@ -128,7 +129,8 @@ def _pingpong(comm, peer: int, nbytes: int, a: int, budget: float) -> float:
     tell = executor.compile_program([(Send(peer, 0, 1),)] if comm.rank == a else [(Recv(peer, 0, 1),)])
     if comm.rank == a:
         count[0] = max(3, min(200, int(budget / max(2 * statistics.median(probe), 1e-7))))
-    executor.run(tell, comm.transport, count, None, envelope=envelope, timeout=60, what="tune ping-pong")
+    executor.run(tell, comm.transport, (count, count, None), None, envelope=envelope, timeout=60,
+                 what="tune ping-pong")
     return statistics.median(probe + rounds(int(count[0])))
 
 
@@ -164,7 +166,8 @@ def candidates(comm) -> list:
     from .selector import local_sizes
     shape = Network(DEFAULT_LINK, DEFAULT_LINK, local_sizes(comm.topology.node_of, comm.size))
     return [n for n in algorithms.names("all_reduce", comm.transport)
-            if not (getattr(algorithms.get("all_reduce", n), "topology_aware", False) and degenerate(shape))]
+            if not (algorithms.get("all_reduce", n).kind == "schedule"
+                    and algorithms.get("all_reduce", n).topology_aware and degenerate(shape))]
 
 
 def time_all_reduce(comm, sizes, entries, rounds: int, budget: float) -> dict:

@@ -96,14 +96,22 @@ class Transport(ABC):
         (its named buffers). Sends may come from any of them, receives land in them directly."""
         yield
 
-    def probe(self, source: Optional[int], tag: Optional[int] = None) -> Optional[tuple]:
+    def probe(self, source: Optional[int], tag: Optional[int] = None, context: int = 0) -> Optional[tuple]:
         """(source, tag, nbytes) of the earliest unmatched message from ``source`` (None: any)
-        with ``tag`` (None: any), without receiving it; None if there is none.
+        with ``tag`` (None: any tag of communicator ``context``, i.e. tag >> 32 == context),
+        without receiving it; None if there is none.
 
         Only the slow path uses it, to explain a stalled wait (a peer in another collective, or a
         peer that gave up). A transport that cannot probe returns None: stalls then end as timeouts.
         """
         return None
+
+    def split(self, members: Optional[list], color, key: int, context: int, slot: Optional[int] = None):
+        """The transport of a sub-communicator (``comm.split``): ``members`` are this transport's
+        ranks in the new order (None: this rank is in none; still called, since some transports
+        split collectively), ``context`` its id, ``slot`` the shared-window slot its members
+        agreed on (None: no window)."""
+        raise NotImplementedError(f"the {self.name} transport has no sub-communicators")
 
     def abort(self, reason: BaseException) -> None:
         """Release every waiter with PeerAbortedError; later calls fail fast."""

@@ -87,12 +87,20 @@ class MPITransport(Transport):
     def irecv(self, buf, peer, tag):
         return MPIRecvRequest(self.comm.Irecv(self._bytes(buf), source=peer, tag=tag), self, buf.nbytes, peer)
 
-    def probe(self, source, tag=None):
+    def probe(self, source, tag=None, context=0):
         from mpi4py import MPI
         status = MPI.Status()
         found = self.comm.Iprobe(source=MPI.ANY_SOURCE if source is None else source,
                                  tag=MPI.ANY_TAG if tag is None else tag, status=status)
         return (status.Get_source(), status.Get_tag(), status.Get_count(MPI.BYTE)) if found else None
+
+    def split(self, members, color, key, context, slot=None):
+        """A new MPI communicator (MPI_Comm_split: every rank of this one calls it): MPI's tags
+        cannot carry a context id, an MPI communicator is one."""
+        from mpi4py import MPI
+        position = members.index(self.rank) if members is not None else 0
+        sub = self.comm.Split(MPI.UNDEFINED if members is None else color, position)
+        return None if members is None else MPITransport(sub)
 
     def aborted_reason(self) -> Optional[str]:
         return self._aborted

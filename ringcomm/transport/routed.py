@@ -47,11 +47,11 @@ class RoutedTransport(Transport):
     def irecv_reduce(self, buf, peer, tag, reduce, scratch, own=None):
         return self._active[peer].irecv_reduce(buf, peer, tag, reduce, scratch, own)
 
-    def probe(self, source, tag=None):
+    def probe(self, source, tag=None, context=0):
         if source is not None:
-            return self._active[source].probe(source, tag)
+            return self._active[source].probe(source, tag, context)
         for t in self.transports:
-            found = t.probe(None, tag)
+            found = t.probe(None, tag, context)
             if found is not None:
                 return found
         return None
@@ -98,6 +98,21 @@ class RoutedTransport(Transport):
         if device == "cuda":
             return {peer: "cuda_ipc" for peer in sorted(self.routes)}
         return {peer: t.name for peer, t in sorted(self.routes.items())}
+
+    def split(self, members, color, key, context, slot=None):
+        """Peers on this node through a view of the shm transport, the others through an MPI
+        communicator split off the job's (collective: every rank calls it, members or not)."""
+        remote = next((t for t in self.transports if t is not self.node), None)
+        split_remote = None if remote is None else remote.split(members, color, key, context, slot)
+        if members is None:
+            return None
+        from .view import TransportView
+        local = TransportView(self.node, members, context)
+        me = members.index(self.rank)
+        routes = {i: (local if r in self.node.local else split_remote) for i, r in enumerate(members) if i != me}
+        sub = RoutedTransport(me, len(members), routes, [local] + ([split_remote] if split_remote else []))
+        sub.window = None   # windows for sub-communicators come with the shm transport's window slots
+        return sub
 
     def abort(self, reason: BaseException) -> None:
         for t in self.transports + ([self._device] if self._device else []):

@@ -447,6 +447,9 @@ class ShmTransport(Transport):
         and ``direct_reads`` is the same on all of them, so growing the staging segment (a
         collective) is decided on those alone.
         """
+        if not arrays:
+            yield
+            return
         flat = arrays[0]
         self._check_array(flat)
         nbytes = flat.nbytes
@@ -549,7 +552,7 @@ class ShmTransport(Transport):
             seen += 1
         self._seen[p] = seen
 
-    def probe(self, source, tag=None):
+    def probe(self, source, tag=None, context=0):
         """The first published message nobody has posted a copy-receive for (see Transport.probe)."""
         if source is None:
             peers = range(self.n)
@@ -560,7 +563,7 @@ class ShmTransport(Transport):
         for p in peers:
             self._discover(p)
             for (t, o), slot in self._arrived[p].items():
-                if (tag is None or t == tag) and (t, o) not in self._plain[p]:
+                if (t == tag if tag is not None else t >> 32 == context) and (t, o) not in self._plain[p]:
                     return self.ranks[p], t, int(self.rings_in[p][slot, NBYTES])
         return None
 
@@ -680,6 +683,10 @@ class ShmTransport(Transport):
 
     def describe(self) -> dict:
         return {r: self.name for r in self.ranks if r != self.rank}
+
+    def split(self, members, color, key, context, slot=None):
+        from .view import TransportView
+        return None if members is None else TransportView(self, members, context)
 
 
 def _reduce(req: _Recv, dst, msg, start: int) -> None:

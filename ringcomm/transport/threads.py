@@ -15,6 +15,7 @@ import numpy as np
 
 from ..errors import MismatchError, PeerAbortedError
 from .base import DoneRequest, Request, Transport
+from .view import CONTEXT_SHIFT, TransportView
 from .window import Window, region_bytes
 
 
@@ -59,6 +60,14 @@ class ThreadsWorld:
         self.boxes = [_Mailbox(self) for _ in range(size)]
         self.aborted: Optional[str] = None
         self.window_regions = [np.zeros(region_bytes(), np.uint8) for _ in range(size)]
+        self._sub_windows: dict = {}
+        self._lock = threading.Lock()
+
+    def windows(self, context: int, members: list) -> list:
+        """The window regions of a sub-communicator's members (made by whichever member asks first)."""
+        with self._lock:
+            regions = self._sub_windows.setdefault(context, {})
+            return [regions.setdefault(r, np.zeros(region_bytes(), np.uint8)) for r in members]
 
     def abort(self, reason: str) -> None:
         self.aborted = reason
@@ -116,15 +125,23 @@ class ThreadsTransport(Transport):
             target[...] = payload
         recv.done = True
 
-    def probe(self, source, tag=None):
+    def probe(self, source, tag=None, context=0):
         box = self.world.boxes[self.rank]
         with box.cond:
             waiting = [(queue[0][0], src, t, queue[0][1].nbytes) for (src, t), queue in box.arrived.items()
-                       if queue and (source is None or src == source) and (tag is None or t == tag)]
+                       if queue and (source is None or src == source)
+                       and (t == tag if tag is not None else t >> CONTEXT_SHIFT == context)]
         if not waiting:
             return None
         _, src, t, nbytes = min(waiting)
         return src, t, nbytes
+
+    def split(self, members, color, key, context, slot=None):
+        if members is None:
+            return None
+        return TransportView(self, members, context, Window(members.index(self.rank),
+                                                             self.world.windows(context, members), spin=0.0,
+                                                             aborted=self._aborted_reason))
 
     def abort(self, reason: BaseException) -> None:
         self.world.abort(f"rank {self.rank}: {reason}")

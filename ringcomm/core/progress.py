@@ -1,0 +1,138 @@
+"""How a communicator's calls run: one at a time, in the order they were issued, on one thread.
+
+Collectives match across ranks by the order each rank issues them, so they must also *run* in
+that order. A synchronous call with nothing outstanding runs inline in the caller's thread (no
+hand-off); anything else is queued for the communicator's progress thread, and an async call
+returns a ``Work`` at once. Point-to-point calls are posted in issue order too (so messages
+between a pair under one tag stay in order, as MPI promises) but then complete on their own:
+the progress thread keeps testing them between jobs, so a receive posted early never blocks the
+collectives issued after it.
+
+One thread at a time: calls on one communicator from a second thread while a call from another
+thread is still in flight raise UsageError naming both threads. Two threads whose calls
+interleave differently on different ranks would otherwise pair one thread's data with another's
+on the peers, silently; a thread that needs collectives of its own uses ``comm.dup()``.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from typing import Callable, Optional
+
+from ..errors import CommError, UsageError
+from ..transport.polling import MAX_SLEEP
+from ..work import Work
+
+
+class Pending:
+    """A posted point-to-point operation: ``test()`` -> True once done (may raise)."""
+    __slots__ = ("test", "work", "what")
+
+    def __init__(self, test: Callable[[], bool], work: Work, what: str):
+        self.test, self.work, self.what = test, work, what
+
+
+class Engine:
+    def __init__(self, label: str, fail: Callable[[BaseException], None]):
+        self.label = label               # "rank 3" (names the thread)
+        self._fail = fail                # marks the communicator broken (and tells peers)
+        self.state = threading.Lock()    # guards the queue, the counts and the owner
+        self.wake = threading.Condition(self.state)
+        self.exec = threading.Lock()     # held while a job moves data
+        self.queue: collections.deque = collections.deque()
+        self.pending: list = []          # posted point-to-point operations (progress thread only)
+        self.outstanding = 0
+        self.owner: Optional[threading.Thread] = None   # the thread whose calls are in flight
+        self.delegates: set = set()      # threads that may call on the owner's behalf
+        self.thread: Optional[threading.Thread] = None
+        self.closed = False
+
+    # ---- submission ----------------------------------------------------------------------------
+    def admit(self, what: str) -> None:
+        """The thread rule (module doc), checked under ``state`` before a call takes a number."""
+        me = threading.current_thread()
+        if self.outstanding and self.owner is not me and me not in self.delegates \
+                and self.owner not in self.delegates:
+            raise UsageError(f"{what}: called from thread {me.name!r} while a call from thread "
+                             f"{self.owner.name!r} is still in flight on this communicator. A "
+                             f"communicator is used by one thread at a time (collectives from "
+                             f"different threads would pair up differently on different ranks); "
+                             f"give each thread its own with comm.dup()")
+        if not self.outstanding:
+            self.owner = me
+
+    def enqueue(self, item) -> None:
+        """Queue ``item`` (under ``state``) for the progress thread."""
+        self.queue.append(item)
+        self.outstanding += 1
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._loop, daemon=True, name=f"ringcomm-progress-{self.label}")
+            self.thread.start()
+        self.wake.notify()
+
+    def done(self) -> None:
+        with self.state:
+            self.outstanding -= 1
+
+    # ---- the progress thread ---------------------------------------------------------------------
+    def _loop(self) -> None:
+        nap = 10e-6
+        while True:
+            with self.state:
+                while not self.queue and not self.pending and not self.closed:
+                    self.wake.wait()
+                if not self.queue and not self.pending:
+                    return
+                item = self.queue.popleft() if self.queue else None
+                if item is None and self.pending:
+                    self.wake.wait(nap)   # a new call wakes us at once
+            if item is not None:
+                item()
+                nap = 10e-6
+            if self.pending and self._poll():
+                nap = 10e-6
+            else:
+                nap = min(2 * nap, MAX_SLEEP)
+
+    def _poll(self) -> bool:
+        """Test every pending point-to-point operation once; True if one finished."""
+        finished = False
+        for op in list(self.pending):
+            try:
+                with self.exec:
+                    done = op.test()
+            except BaseException as err:   # surfaced through its Work, and the communicator fails
+                self.pending.remove(op)
+                if isinstance(err, CommError):
+                    self._fail(err)
+                op.work._finish(None, err)
+                self.done()
+                finished = True
+                continue
+            if done:
+                self.pending.remove(op)
+                op.work._finish(op.work._result, None)
+                self.done()
+                finished = True
+        return finished
+
+    def fail_pending(self, err: BaseException) -> None:
+        """After a failure: pending operations will never complete cleanly (progress thread only)."""
+        for op in self.pending:
+            op.work._finish(None, CommError(f"{op.what}: abandoned: {err}"))
+            self.done()
+        self.pending.clear()
+
+    def close(self, timeout: float) -> None:
+        """No new calls; let queued ones finish (each bounded by its own deadline)."""
+        with self.state:
+            self.closed = True
+            self.wake.notify_all()
+        thread = self.thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=timeout)
+
+
+def deadline_of(timeout: Optional[float]) -> Optional[float]:
+    return None if timeout is None else time.monotonic() + timeout

@@ -1,0 +1,70 @@
+"""A sub-communicator's view of a transport that carries any tag (threads, shared memory).
+
+``comm.split()`` gives the new communicator a view over its parent's transport instead of a new
+one: no new segments, no new connections. The view renumbers ranks (rank i of the view is parent
+rank ``members[i]``) and keeps its messages apart from every other communicator's by putting its
+context id above bit 32 of each tag; the 29 bits below stay the communicator's own (envelope.py).
+Probes of "any tag" see only this context's messages. The MPI transport cannot carry such tags
+(MPICH's bound is 2**29): its sub-communicators get an MPI communicator of their own instead.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from ..errors import PeerAbortedError
+from .base import Transport
+
+CONTEXT_SHIFT = 32
+
+
+class TransportView(Transport):
+    def __init__(self, base: Transport, members: list, context: int, window=None):
+        self.base, self.members, self.context = base, list(members), context
+        self.rank, self.size = self.members.index(base.rank), len(self.members)
+        self.name = base.name
+        self.window = window
+        self._shift = context << CONTEXT_SHIFT
+        self._index = {r: i for i, r in enumerate(self.members)}
+        self._aborted: Optional[str] = None
+
+    def _check(self) -> None:
+        if self._aborted is not None:
+            raise PeerAbortedError(self._aborted)
+
+    def isend(self, buf, peer, tag):
+        self._check()
+        return self.base.isend(buf, self.members[peer], tag | self._shift)
+
+    def irecv(self, buf, peer, tag):
+        self._check()
+        return self.base.irecv(buf, self.members[peer], tag | self._shift)
+
+    def irecv_reduce(self, buf, peer, tag, reduce, scratch, own=None):
+        self._check()
+        return self.base.irecv_reduce(buf, self.members[peer], tag | self._shift, reduce, scratch, own)
+
+    def stage(self, arrays):
+        return self.base.stage(arrays)
+
+    def probe(self, source, tag=None, context=0):
+        found = self.base.probe(None if source is None else self.members[source],
+                                None if tag is None else tag | self._shift, context=self.context)
+        if found is None or found[0] not in self._index:
+            return None
+        src, t, nbytes = found
+        return self._index[src], t & ((1 << CONTEXT_SHIFT) - 1), nbytes
+
+    def split(self, members, color, key, context, slot=None):
+        parent = [self.members[m] for m in members] if members is not None else None
+        return self.base.split(parent, color, key, context, slot)
+
+    def abort(self, reason: BaseException) -> None:
+        # Only this communicator gives up: its peers learn it from the abort notices it sends.
+        self._aborted = f"aborted: {reason}"
+
+    def close(self) -> None:
+        pass
+
+    def describe(self) -> dict:
+        full = self.base.describe() if hasattr(self.base, "describe") else {}
+        return {i: full.get(r, self.name) for i, r in enumerate(self.members) if i != self.rank}

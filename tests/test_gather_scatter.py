@@ -1,0 +1,52 @@
+"""gather and scatter: every algorithm x world size x root x count x dtype, exactly."""
+import pytest
+
+from collective_grid import run
+from grid import SIZES, Case, data_cases, empty, make, raw_bytes, thin, values
+from ringcomm import algorithms, collectives
+
+
+def cases_with_roots(size, algorithm):
+    roots = sorted({0, size // 2, size - 1})
+    return [Case(c.count if c.count < 1000 else 4099, c.dtype, c.op, c.kind, (root,)) for root in roots
+            for c in thin(data_cases(size, big=algorithm is not None), size)]
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("algorithm", algorithms.names("gather") + [None])
+def test_gather(algorithm, size):
+    case_list = cases_with_roots(size, algorithm)
+
+    def call(comm, c, v):
+        root = c.extra[0]
+        x = make(c, v)
+        keep = raw_bytes(x)
+        out = empty(c, size * c.count) if comm.rank == root else None
+        assert comm.gather(out, x, root=root, algorithm=algorithm) is out
+        assert raw_bytes(x) == keep
+        return out
+    for c, (outs, per_rank) in zip(case_list, run(size, case_list, lambda c, r: values(c, r, c.count), call)):
+        root = c.extra[0]
+        expected = collectives.get("gather").reference(per_rank, root=root)
+        assert raw_bytes(outs[root]) == raw_bytes(make(c, expected[root])), f"{algorithm} n={size} {c}"
+        assert all(outs[r] is None for r in range(size) if r != root)
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("algorithm", algorithms.names("scatter") + [None])
+def test_scatter(algorithm, size):
+    case_list = cases_with_roots(size, algorithm)
+
+    def call(comm, c, v):
+        root = c.extra[0]
+        x = make(c, v) if comm.rank == root else None
+        keep = None if x is None else raw_bytes(x)
+        out = empty(c, c.count)
+        assert comm.scatter(out, x, root=root, algorithm=algorithm) is out
+        assert x is None or raw_bytes(x) == keep
+        return out
+    for c, (outs, per_rank) in zip(case_list, run(size, case_list, lambda c, r: values(c, r, size * c.count), call)):
+        root = c.extra[0]
+        expected = collectives.get("scatter").reference(per_rank, root=root)
+        for r in range(size):
+            assert raw_bytes(outs[r]) == raw_bytes(make(c, expected[r])), f"{algorithm} n={size} rank {r} {c}"
