@@ -357,6 +357,36 @@ def test_handles_die_with_their_memory_and_a_killed_owner_leaks_nothing(cp):
     assert not [f for f in os.listdir("/dev/shm") if "stand-in" in f]   # memfd: never a name
 
 
+_WRITER = """
+import sys, time
+sys.path.insert(0, {stand_ins!r})
+import cupy
+from cupy.cuda import runtime
+ptr = runtime.ipcOpenMemHandle(bytes.fromhex(sys.argv[1]))
+mem = cupy.cuda.UnownedMemory(ptr, 1024, None)
+cupy.ndarray((256,), cupy.float32, memptr=cupy.cuda.MemoryPointer(mem, 0)).fill(5)   # never synchronised
+print("written", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_peer_processs_unsynchronised_write_counts_until_it_dies(cp):
+    rt = cp.cuda.runtime
+    ptr = rt.malloc(1024)
+    mine = cp.ndarray((256,), cp.float32, memptr=cp.cuda.MemoryPointer(cp.cuda.UnownedMemory(ptr, 1024, None), 0))
+    writer = subprocess.Popen([sys.executable, "-c", _WRITER.format(stand_ins=str(cupy_stand_in.STAND_INS)),
+                               rt.ipcGetMemHandle(ptr).hex()], stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline().strip() == "written"
+        caught(cp, lambda: mine.get(), f"of process {writer.pid}", "pending write")
+    finally:
+        writer.send_signal(signal.SIGKILL)
+        writer.wait(10)
+        writer.stdout.close()
+    assert (mine.get() == 5).all()                # its queued work died with it: nothing pending
+    rt.free(ptr)                                  # and a dead opener does not hold the memory
+
+
 # ---- violations cannot be swallowed -------------------------------------------------------------
 def test_a_swallowed_violation_still_fails_the_block():
     with pytest.raises(AssertionError, match="swallowed"), cupy_stand_in.installed(force=True) as cp:

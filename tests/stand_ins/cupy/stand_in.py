@@ -57,8 +57,7 @@ def pending_accesses(array) -> list[tuple]:
     if m is None:
         return []
     with m.file.locked() as h:
-        return [(int(r[0]), int(r[1]), int(r[2]), pending.KIND_NAMES[int(r[3])], int(r[4]), int(r[5]))
-                for r in pending.rows(h)]
+        return [(r[0], r[1], r[2], pending.KIND_NAMES[r[3]], r[4], r[5]) for r in pending.load(h)]
 
 
 def _fail_on_unreported_violations() -> None:

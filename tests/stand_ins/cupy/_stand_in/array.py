@@ -72,6 +72,22 @@ class _Flags:
         return f"  C_CONTIGUOUS : {self.c_contiguous}\n  F_CONTIGUOUS : {self.f_contiguous}\n  OWNDATA : {self.owndata}"
 
 
+def _reshaped_view(v: np.ndarray, shape: tuple) -> np.ndarray | None:
+    """``v`` reshaped without a copy, or None when only a copy can have that shape."""
+    try:
+        return v.reshape(shape, copy=False)          # numpy >= 2.1
+    except TypeError:
+        w = v.view()
+        try:
+            w.shape = shape                          # older numpy: refuses when a copy is needed
+        except AttributeError:
+            return None
+        return w
+    except ValueError:
+        np.empty(v.size, np.int8).reshape(shape)     # a wrong size raises numpy's own error here
+        return None
+
+
 def _basic_index(key) -> bool:
     parts = key if isinstance(key, tuple) else (key,)
     return all(k is None or k is Ellipsis or isinstance(k, slice) or
@@ -103,8 +119,7 @@ class ndarray:
         delta = 0
         if v.size and self._v.size:
             lo, hi = byte_bounds(v)
-            data = m.file.data.ctypes.data
-            if not (data <= lo and hi <= data + m.size):
+            if not (m.file.addr <= lo and hi <= m.file.addr + m.size):
                 raise AssertionError("stand-in bug: a view outside its allocation")
             delta = v.ctypes.data - self._v.ctypes.data
         out._v, out._base = v, self if self._base is None else self._base
@@ -112,12 +127,15 @@ class ndarray:
         return out
 
     def _access(self, kind: int):
-        if not self._v.size:
+        v = self._v
+        if not v.size:
             return None
         m = self._data.mem._mapping
-        lo, hi = byte_bounds(self._v)
-        data = m.file.data.ctypes.data
-        return launch.Access(m, lo - data, hi - data, kind, self._data.device_id)
+        if v.flags.c_contiguous:
+            start = self._data.ptr - m.base
+            return launch.Access(m, start, start + v.nbytes, kind, self._data.device_id)
+        lo, hi = byte_bounds(v)
+        return launch.Access(m, lo - m.file.addr, hi - m.file.addr, kind, self._data.device_id)
 
     # ---- attributes ----------------------------------------------------------------------------
     shape = property(lambda self: self._v.shape)
@@ -153,12 +171,8 @@ class ndarray:
             shape = tuple(shape[0])
         if order not in ("C", "A"):
             raise not_modelled(f"cupy.ndarray.reshape(order={order!r})")
-        try:
-            return self._derived(self._v.reshape(shape, copy=False))
-        except ValueError:
-            if self._v.size != int(np.prod(shape)) and -1 not in shape:
-                raise
-            return self.copy().reshape(shape)   # cupy copies when no view can do it
+        v = _reshaped_view(self._v, shape)
+        return self.copy().reshape(shape) if v is None else self._derived(v)   # cupy copies if it must
 
     def ravel(self, order="C") -> ndarray:
         return self.reshape(-1, order=order)

@@ -68,46 +68,56 @@ def run(what: str, accesses, *, stream=None, kernel: bool = True) -> streams.Str
                             f"silently wrong data)")
         if kernel:
             check_device(a.device, device)
+    by_file: dict = {}                         # one lock per allocation, not per access
+    for a in accesses:
+        by_file.setdefault(a.mapping.file, []).append(a)
     me = os.getpid()
     with memory.LOCK:
         streams.barrier(state)
-        for a in accesses:
-            _check(what, a, state, me)
+        for f, group in by_file.items():       # check everything before recording anything
+            _check(what, f, group, state, me)
         state.seq += 1
-        for a in accesses:
-            f = a.mapping.file
+        for f, group in by_file.items():
             with f.locked() as h:
-                pending.add(h, me, state.key, state.seq, a.kind, a.start, a.end)
+                rows = pending.load(h)
+                for a in group:
+                    rows = pending.add(rows, me, state.key, state.seq, a.kind, a.start, a.end)
+                pending.store(h, rows)
             state.touched[f] = None
     return state
 
 
-def _racing(h, a: Access, state: streams.StreamState) -> list:
-    return [r for r in pending.overlapping(h, a.start, a.end, a.kind)
-            if not streams.ordered(state, int(r[pending.PID]), int(r[pending.STREAM]), int(r[pending.SEQ]))]
+def _racing(rows: list, a: Access, state: streams.StreamState) -> list:
+    return [r for r in pending.overlapping(rows, a.start, a.end, a.kind)
+            if not streams.ordered(state, r[pending.PID], r[pending.STREAM], r[pending.SEQ])]
 
 
-def _check(what: str, a: Access, state: streams.StreamState, me: int) -> None:
-    f = a.mapping.file
+def _check(what: str, f: memory.SharedFile, group: list, state: streams.StreamState, me: int) -> None:
     with f.locked() as h:
-        if h[memory.W_FREED] and a.mapping.kind == "ipc":
+        if h[memory.W_FREED] and group[0].mapping.kind == "ipc":
             raise violation(f"{what}: {f.describe()} was freed by its owner while this process "
                             f"still had it open through IPC")
-        racing = _racing(h, a, state)
-        if any(int(r[pending.PID]) != me for r in racing):
-            pending.drop_dead(h)
-            racing = _racing(h, a, state)
-    if racing:
-        raise violation(_race_message(what, a, state, racing[0], me))
+        rows = pending.load(h)
+        if not rows:
+            return
+        if any(r[pending.PID] != me for r in rows):
+            live = pending.drop_dead(rows)
+            if live is not rows:
+                pending.store(h, live)
+                rows = live
+    for a in group:
+        racing = _racing(rows, a, state)
+        if racing:
+            raise violation(_race_message(what, a, state, racing[0], me))
 
 
 def _race_message(what: str, a: Access, state: streams.StreamState, row, me: int) -> str:
-    pid, key, seq = int(row[pending.PID]), int(row[pending.STREAM]), int(row[pending.SEQ])
-    other = pending.KIND_NAMES[int(row[pending.KIND])]
+    pid, key, seq = row[pending.PID], row[pending.STREAM], row[pending.SEQ]
+    other = pending.KIND_NAMES[row[pending.KIND]]
     mine = pending.KIND_NAMES[a.kind]
     text = (f"{what} on {state.describe()} would {mine} bytes [{a.start}, {a.end}) of "
             f"{a.mapping.file.describe()}, but {streams.describe(pid, key)} has a pending {other} of "
-            f"bytes [{int(row[pending.START])}, {int(row[pending.END])}) there (its launch #{seq}) "
+            f"bytes [{row[pending.START]}, {row[pending.END]}) there (its launch #{seq}) "
             f"that nothing orders before this {mine}: on a GPU the two race. ")
     if pid != me:
         return text + ("The other process must synchronise that stream before it lets this one "

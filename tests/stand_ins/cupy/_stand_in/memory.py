@@ -16,7 +16,6 @@ process holding it exits, the kernel reclaims it, even after SIGKILL.
 from __future__ import annotations
 
 import bisect
-import contextlib
 import fcntl
 import mmap
 import os
@@ -61,13 +60,14 @@ def alive(pid: int) -> bool:
 class SharedFile:
     """One allocation's file as this process maps it: header words and data bytes."""
 
-    __slots__ = ("__weakref__", "data", "device", "fd", "header", "mm", "nonce", "owner", "size")
+    __slots__ = ("__weakref__", "addr", "data", "device", "fd", "header", "mm", "nonce", "owner", "size")
 
     def __init__(self, fd: int, size: int):
         self.fd = fd
         self.mm = mmap.mmap(fd, HEADER_BYTES + size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         self.header = np.frombuffer(self.mm, np.int64, count=HEADER_BYTES // 8)
         self.data = np.frombuffer(self.mm, np.uint8, count=size, offset=HEADER_BYTES)
+        self.addr = self.data.ctypes.data     # where the data bytes are mapped in this process
         self.size = size
         self.nonce = self.owner = self.device = 0
 
@@ -109,14 +109,24 @@ class SharedFile:
         f.nonce, f.owner, f.device = nonce, owner, int(h[W_DEVICE])
         return f
 
-    @contextlib.contextmanager
-    def locked(self):
-        with LOCK:
+    def locked(self) -> "SharedFile":
+        """``with f.locked() as header:`` this process's lock, then the file's (flock)."""
+        return self
+
+    def __enter__(self) -> np.ndarray:
+        LOCK.acquire()
+        try:
             fcntl.flock(self.fd, fcntl.LOCK_EX)
-            try:
-                yield self.header
-            finally:
-                fcntl.flock(self.fd, fcntl.LOCK_UN)
+        except BaseException:
+            LOCK.release()
+            raise
+        return self.header
+
+    def __exit__(self, *exc) -> None:
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+        finally:
+            LOCK.release()
 
     def close(self) -> None:
         """Close the descriptor; the mapping goes when the last array over it does."""

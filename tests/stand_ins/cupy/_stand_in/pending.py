@@ -19,8 +19,6 @@ stream's rows merged into one range, which can only make the check stricter.
 """
 from __future__ import annotations
 
-import numpy as np
-
 from .errors import violation
 from .memory import HEADER_BYTES, PENDING_AT, W_PENDING, alive
 
@@ -30,69 +28,53 @@ WIDTH = 6
 CAPACITY = (HEADER_BYTES // 8 - PENDING_AT) // WIDTH
 KIND_NAMES = {READ: "read", WRITE: "write"}
 
+# The table is a handful of rows: read it into Python lists once per lock, work on those,
+# write it back once (numpy calls on tiny arrays would cost more than the work).
 
-def rows(h) -> np.ndarray:
+
+def load(h) -> list[list[int]]:
     n = int(h[W_PENDING])
-    return h[PENDING_AT:PENDING_AT + n * WIDTH].reshape(n, WIDTH)
+    return h[PENDING_AT:PENDING_AT + n * WIDTH].reshape(n, WIDTH).tolist() if n else []
 
 
-def _store(h, kept: np.ndarray) -> None:
-    n = len(kept)
-    h[PENDING_AT:PENDING_AT + n * WIDTH] = kept.reshape(-1)
-    h[W_PENDING] = n
+def store(h, rows: list) -> None:
+    if rows:
+        h[PENDING_AT:PENDING_AT + len(rows) * WIDTH] = [x for r in rows for x in r]
+    h[W_PENDING] = len(rows)
 
 
-def overlapping(h, start: int, end: int, kind: int) -> np.ndarray:
+def overlapping(rows: list, start: int, end: int, kind: int) -> list:
     """Rows that would race with a ``kind`` access to [start, end) unless ordered before it."""
-    r = rows(h)
-    if not len(r):
-        return r
-    hit = (r[:, START] < end) & (start < r[:, END])
-    if kind == READ:
-        hit &= r[:, KIND] == WRITE
-    return r[hit].copy()
+    return [r for r in rows if r[START] < end and start < r[END] and (kind == WRITE or r[KIND] == WRITE)]
 
 
-def drop_dead(h) -> None:
+def drop_dead(rows: list) -> list:
     """A process that died took its queued work with it."""
-    r = rows(h)
-    dead = {int(p) for p in set(r[:, PID].tolist()) if not alive(int(p))}
-    if dead:
-        _store(h, r[~np.isin(r[:, PID], list(dead))].copy())
+    dead = {p for p in {r[PID] for r in rows} if not alive(p)}
+    return [r for r in rows if r[PID] not in dead] if dead else rows
 
 
-def add(h, pid: int, stream: int, seq: int, kind: int, start: int, end: int) -> None:
-    r = rows(h)
-    if len(r):
-        mine = (r[:, PID] == pid) & (r[:, STREAM] == stream)
-        covered = mine & (r[:, START] >= start) & (r[:, END] <= end) & ((r[:, KIND] == kind) | (kind == WRITE))
-        if covered.any():
-            r = r[~covered].copy()
-            _store(h, r)
-    if len(r) >= CAPACITY:
-        r = _merge_stream(r, pid, stream, kind)
-        if len(r) >= CAPACITY:
+def add(rows: list, pid: int, stream: int, seq: int, kind: int, start: int, end: int) -> list:
+    """``rows`` with the new row, less the rows of the same stream it covers."""
+    rows = [r for r in rows if not (r[PID] == pid and r[STREAM] == stream and start <= r[START]
+                                    and r[END] <= end and (r[KIND] == kind or kind == WRITE))]
+    if len(rows) >= CAPACITY:
+        rows = _merge_stream(rows, pid, stream, kind)
+        if len(rows) >= CAPACITY:
             raise violation(f"more than {CAPACITY} unsynchronised accesses to one allocation: "
                             f"synchronise streams more often")
-        _store(h, r)
-    n = len(r)
-    h[PENDING_AT + n * WIDTH:PENDING_AT + (n + 1) * WIDTH] = (pid, stream, seq, kind, start, end)
-    h[W_PENDING] = n + 1
+    rows.append([pid, stream, seq, kind, start, end])
+    return rows
 
 
-def _merge_stream(r: np.ndarray, pid: int, stream: int, kind: int) -> np.ndarray:
-    same = (r[:, PID] == pid) & (r[:, STREAM] == stream) & (r[:, KIND] == kind)
-    if same.sum() < 2:
-        return r
-    merged = r[same][0].copy()
-    merged[SEQ], merged[START], merged[END] = r[same, SEQ].max(), r[same, START].min(), r[same, END].max()
-    return np.vstack([r[~same], merged[None, :]])
+def _merge_stream(rows: list, pid: int, stream: int, kind: int) -> list:
+    same = [r for r in rows if r[PID] == pid and r[STREAM] == stream and r[KIND] == kind]
+    if len(same) < 2:
+        return rows
+    merged = [pid, stream, max(r[SEQ] for r in same), kind, min(r[START] for r in same), max(r[END] for r in same)]
+    return [r for r in rows if r not in same] + [merged]
 
 
-def clear(h, pid: int, stream: int, upto: int) -> None:
+def clear(rows: list, pid: int, stream: int, upto: int) -> list:
     """Stream ``stream`` of ``pid`` completed every launch numbered up to ``upto``."""
-    r = rows(h)
-    if len(r):
-        done = (r[:, PID] == pid) & (r[:, STREAM] == stream) & (r[:, SEQ] <= upto)
-        if done.any():
-            _store(h, r[~done].copy())
+    return [r for r in rows if not (r[PID] == pid and r[STREAM] == stream and r[SEQ] <= upto)]

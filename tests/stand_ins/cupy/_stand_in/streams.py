@@ -126,7 +126,7 @@ def _complete(state: StreamState, upto: int) -> None:
             del state.touched[f]
             continue
         with f.locked() as h:
-            pending.clear(h, pid, state.key, upto)
+            pending.store(h, pending.clear(pending.load(h), pid, state.key, upto))
         if upto >= state.seq:
             del state.touched[f]
 

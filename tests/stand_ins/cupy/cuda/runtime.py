@@ -115,10 +115,9 @@ def ipcCloseMemHandle(devPtr: int) -> None:
     me, unsynced = os.getpid(), []
     if m.opens == 1:
         with m.file.locked() as h:
-            mine = [r for r in pending.rows(h) if int(r[pending.PID]) == me]
-            for r in mine:
-                unsynced.append(streams.describe(me, int(r[pending.STREAM])))
-                pending.clear(h, me, int(r[pending.STREAM]), int(r[pending.SEQ]))
+            rows = pending.load(h)
+            unsynced = [streams.describe(me, r[pending.STREAM]) for r in rows if r[pending.PID] == me]
+            pending.store(h, [r for r in rows if r[pending.PID] != me])
     memory.close_handle(m)
     if unsynced:
         raise violation(f"ipcCloseMemHandle({devPtr:#x}) with launches on it not yet synchronised "
@@ -134,7 +133,7 @@ def _side(ptr: int, size: int, what: str):
     if m is None or ptr + size > m.base + m.size:
         raise CUDARuntimeError(INVALID_VALUE, f"memcpy {what} {ptr:#x}+{size}: " +
                                ("no device allocation" if m is None else f"overruns {m!r}"))
-    return m, ptr - m.base, m.file.data.ctypes.data + (ptr - m.base)
+    return m, ptr - m.base, m.file.addr + (ptr - m.base)
 
 
 _KINDS = {memcpyHostToHost: (False, False), memcpyHostToDevice: (True, False),
