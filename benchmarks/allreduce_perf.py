@@ -4,7 +4,11 @@
         --backend ringcomm,mpi,gloo --algorithm auto,ring,tree --collective all_reduce
 
 Sizes are the total buffer in bytes, as in nccl-tests: the whole vector for all_reduce and
-broadcast, the gathered output for all_gather, the input for reduce_scatter. For every size all
+broadcast, the gathered output for all_gather and gather, the input for reduce_scatter, scatter
+and all_to_all (each rank's), the message for sendrecv (every rank sends to its right neighbour
+and receives from its left one at once). ``--tensor numpy,torch`` runs every ringcomm
+configuration on numpy arrays and on torch tensors (views of the same memory), labelled
+``ringcomm[torch]``: torch tensors are what DDP and torch users pass. For every size all
 backend/algorithm configurations run one after another (interleaved, not sweep after sweep), so
 that noise from a busy machine hits them alike; ``--rounds`` repeats that interleaving and reports
 the median round. Time is the mean over ``-n`` back-to-back calls, taken as the maximum across
@@ -33,21 +37,20 @@ from typing import Callable, Optional
 
 import numpy as np
 
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "gather", "scatter",
+               "sendrecv")
+SPLIT = ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter")   # the buffer splits per rank
 DTYPES = ("float32", "float64", "int32", "int64")
 SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
 def bus_factor(collective: str, n: int) -> float:
-    """nccl-tests' busbw / algbw: what each rank must move relative to the buffer size."""
-    if collective == "all_reduce":
-        return 2 * (n - 1) / n
-    if collective in ("all_gather", "reduce_scatter"):
-        return (n - 1) / n
-    if collective == "broadcast":
-        return 1.0
-    raise ValueError(f"bus_factor got unexpected value for argument \"collective\" "
-                     f"(expected one of {', '.join(COLLECTIVES)}, got {collective!r})")
+    """nccl-tests' busbw / algbw, as each collective's own file states it (sendrecv: 1)."""
+    if collective not in COLLECTIVES:
+        raise ValueError(f"bus_factor got unexpected value for argument \"collective\" "
+                         f"(expected one of {', '.join(COLLECTIVES)}, got {collective!r})")
+    from ringcomm import collectives
+    return collectives.get("send" if collective == "sendrecv" else collective).bus_factor(n)
 
 
 def parse_size(text: str) -> int:
@@ -84,7 +87,7 @@ def sweep(begin: int, end: int, factor: float, step: int = 0) -> list[int]:
 def elements(collective: str, nbytes: int, itemsize: int, n: int) -> int:
     """Elements of the total buffer: a multiple of n where the collective splits it per rank."""
     count = nbytes // itemsize
-    if collective in ("all_gather", "reduce_scatter"):
+    if collective in SPLIT:
         count -= count % n
     return count
 
@@ -124,20 +127,35 @@ class Case:
             view = self.arena[used:used + nbytes].view(self.dtype)
             used += -(-nbytes // 64) * 64
             return view
-        if c == "all_gather":
+        if c in ("all_gather", "gather"):
             self.x, self.out = empty(per), empty(self.count)
-        elif c == "reduce_scatter":
+        elif c in ("reduce_scatter", "scatter"):
             self.x, self.out = empty(self.count), empty(per)
+        elif c in ("all_to_all", "sendrecv"):
+            self.x, self.out = empty(self.count), empty(self.count)
         else:
             self.x = empty(self.count)
+        self.tensors = None
+
+    def as_torch(self) -> "Case":
+        """The same buffers as torch tensors (views of the same memory), made once."""
+        if self.tensors is None:
+            import torch
+            self.tensors = Case.__new__(Case)
+            self.tensors.__dict__.update(self.__dict__)
+            self.tensors.x = torch.from_numpy(self.x)
+            self.tensors.out = None if self.out is None else torch.from_numpy(self.out)
+        return self.tensors
 
     def fill(self) -> None:
         c, r = self.collective, self.rank
         if c in ("all_reduce", "reduce_scatter"):
             np.multiply(pattern(self.x.size, self.dtype), r + 1, out=self.x)
-        elif c == "all_gather":
+        elif c in ("all_gather", "gather"):
             self.x[...] = pattern(self.x.size, self.dtype, offset=r * self.x.size)
-        else:   # broadcast from rank 0
+        elif c in ("all_to_all", "sendrecv"):   # block j of rank r: pattern at offset r * count + j
+            self.x[...] = pattern(self.x.size, self.dtype, offset=r * self.count)
+        else:   # broadcast and scatter from rank 0
             self.x[...] = pattern(self.x.size, self.dtype) if r == 0 else 0
         if self.out is not None:
             self.out[...] = 0
@@ -149,8 +167,20 @@ class Case:
         if c == "reduce_scatter":
             off, k = chunk(self.count, n, self.rank)
             return int(np.count_nonzero(self.out != pattern(k, self.dtype, off) * (n * (n + 1) // 2)))
-        if c == "all_gather":
+        if c == "all_gather" or (c == "gather" and self.rank == 0):
             return int(np.count_nonzero(self.out != pattern(self.count, self.dtype)))
+        if c == "gather":
+            return 0
+        if c == "scatter":
+            off, k = chunk(self.count, n, self.rank)
+            return int(np.count_nonzero(self.out != pattern(k, self.dtype, off)))
+        if c == "all_to_all":
+            per = self.count // n
+            want = np.concatenate([pattern(per, self.dtype, offset=j * self.count + self.rank * per) for j in range(n)])
+            return int(np.count_nonzero(self.out != want))
+        if c == "sendrecv":
+            left = (self.rank - 1) % n
+            return int(np.count_nonzero(self.out != pattern(self.count, self.dtype, offset=left * self.count)))
         return int(np.count_nonzero(self.x != pattern(self.x.size, self.dtype)))
 
 
@@ -159,24 +189,54 @@ class Unavailable(Exception):
     pass
 
 
-def ringcomm_call(comm, collective: str, algorithm: Optional[str]) -> Callable[[Case], None]:
+def ringcomm_call(comm, collective: str, algorithm: Optional[str], torch_tensors: bool = False
+                  ) -> Callable[[Case], None]:
+    call = _ringcomm_call(comm, collective, algorithm)
+    if torch_tensors:
+        return lambda c: call(c.as_torch())
+    return call
+
+
+def _ringcomm_call(comm, collective: str, algorithm: Optional[str]) -> Callable[[Case], None]:
+    rank, n = comm.rank, comm.size
     if collective == "all_reduce":
         return lambda c: comm.all_reduce(c.x, algorithm=algorithm)
     if collective == "all_gather":
         return lambda c: comm.all_gather(c.out, c.x, algorithm=algorithm)
     if collective == "reduce_scatter":
         return lambda c: comm.reduce_scatter(c.out, c.x, algorithm=algorithm)
+    if collective == "all_to_all":
+        return lambda c: comm.all_to_all(c.out, c.x, algorithm=algorithm)
+    if collective == "gather":
+        return lambda c: comm.gather(c.out if rank == 0 else None, c.x, 0, algorithm=algorithm)
+    if collective == "scatter":
+        return lambda c: comm.scatter(c.out, c.x if rank == 0 else None, 0, algorithm=algorithm)
+    if collective == "sendrecv":
+        def sendrecv(c):
+            work = comm.send(c.x, (rank + 1) % n, async_op=True)
+            comm.recv(c.out, (rank - 1) % n)
+            work.wait()
+        return sendrecv
     return lambda c: comm.broadcast(c.x, 0, algorithm=algorithm)
 
 
 def mpi4py_call(mpi_comm, collective: str) -> Callable[[Case], None]:
     from mpi4py import MPI
+    rank, n = mpi_comm.Get_rank(), mpi_comm.Get_size()
     if collective == "all_reduce":
         return lambda c: mpi_comm.Allreduce(MPI.IN_PLACE, c.x, op=MPI.SUM)
     if collective == "all_gather":
         return lambda c: mpi_comm.Allgather(c.x, c.out)
     if collective == "reduce_scatter":
         return lambda c: mpi_comm.Reduce_scatter_block(c.x, c.out, op=MPI.SUM)
+    if collective == "all_to_all":
+        return lambda c: mpi_comm.Alltoall(c.x, c.out)
+    if collective == "gather":
+        return lambda c: mpi_comm.Gather(c.x, c.out if rank == 0 else None, root=0)
+    if collective == "scatter":
+        return lambda c: mpi_comm.Scatter(c.x if rank == 0 else None, c.out, root=0)
+    if collective == "sendrecv":
+        return lambda c: mpi_comm.Sendrecv(c.x, (rank + 1) % n, 0, c.out, (rank - 1) % n, 0)
     return lambda c: mpi_comm.Bcast(c.x, root=0)
 
 
@@ -233,10 +293,13 @@ def build_configs(args, world) -> tuple[list[Config], list[str]]:
             # A reference backend runs its own library's algorithm; algorithm= is ringcomm's.
             configs.append(Config(backend, "native", lambda c, m=comm: ringcomm_call(m, c, None)))
             continue
-        for algorithm in args.algorithms:
-            forced = None if algorithm == "auto" else algorithm
-            configs.append(Config(backend, algorithm, lambda c, m=comm, a=forced: ringcomm_call(m, c, a),
-                                  (lambda m=comm: last_algorithm(m)) if forced is None else None, comm=comm))
+        for kind in args.tensors:
+            label = backend if kind == "numpy" else f"{backend}[torch]"
+            for algorithm in args.algorithms:
+                forced = None if algorithm == "auto" else algorithm
+                configs.append(Config(label, algorithm,
+                                      lambda c, m=comm, a=forced, t=kind == "torch": ringcomm_call(m, c, a, t),
+                                      (lambda m=comm: last_algorithm(m)) if forced is None else None, comm=comm))
         if args.transport_buffers:
             allocate = getattr(comm.transport, "allocate", None)
             if allocate is None:
@@ -258,6 +321,8 @@ def last_algorithm(comm) -> str:
 
 def algorithm_usable(config: Config, collective: str) -> Optional[str]:
     """None if the config can run ``collective``, else why not."""
+    if collective == "sendrecv" and config.algorithm not in ("auto", "native"):
+        return "sendrecv has no algorithms (auto runs it)"
     if config.backend == "mpi4py" or config.algorithm in ("auto", "native"):
         return None
     from ringcomm import algorithms
@@ -315,7 +380,7 @@ class Row:
 def measure_size(world, collective, nbytes, dtype, configs, args, rank, n) -> list[Row]:
     count = elements(collective, nbytes, np.dtype(dtype).itemsize, n)
     size = count * np.dtype(dtype).itemsize
-    if count == 0 or (collective in ("all_gather", "reduce_scatter") and count < n):
+    if count == 0 or (collective in SPLIT and count < n):
         return []
     plain = Case(collective, count, np.dtype(dtype), rank, n)
     cases = {cfg.label: plain if cfg.arena is None else Case(collective, count, np.dtype(dtype), rank, n, cfg.arena)
@@ -537,10 +602,16 @@ def parse_args(argv=None):
     p.add_argument("--transport-buffers", action="store_true",
                    help="also run ringcomm/auto on buffers from comm.transport.allocate() (shared memory "
                         "peers read in place, as DDP buckets use), labelled backend 'ringcomm+tbuf'")
+    p.add_argument("--tensor", default="numpy",
+                   help="comma list: numpy, torch (ringcomm configs run on each; torch tensors are "
+                        "views of the same memory)")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     args.backends = [b.strip() for b in args.backend.split(",") if b.strip()]
     args.collectives = [c.strip() for c in args.collective.split(",") if c.strip()]
+    args.tensors = [t.strip() for t in args.tensor.split(",") if t.strip()]
+    if not args.tensors or any(t not in ("numpy", "torch") for t in args.tensors):
+        p.error(f"--tensor: expected a comma list of numpy, torch, got {args.tensor!r}")
     for c in args.collectives:
         if c not in COLLECTIVES:
             p.error(f"--collective: expected one of {', '.join(COLLECTIVES)}, got {c!r}")
@@ -549,7 +620,7 @@ def parse_args(argv=None):
     for a in wanted:
         if a == "all":
             from ringcomm import algorithms as registry
-            names = {name for c in args.collectives for name in registry.names(c)}
+            names = {name for c in args.collectives if c != "sendrecv" for name in registry.names(c)}
             algorithms += sorted(names - set(algorithms))
         elif a not in algorithms:
             algorithms.append(a)

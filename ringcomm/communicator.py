@@ -428,12 +428,12 @@ class Communicator:
                         raise CommError(f"{work.description}: not posted: the communicator failed earlier: "
                                         f"{self._broken}")
                     with engine.exec:
-                        test = self._post(call, work)
+                        test, cancel = self._post(call, work)
                 except BaseException as err:
                     engine.done()
                     work._finish(None, err)
                     return
-                engine.pending.append(Pending(_with_deadline(test, self.timeout, work.description), work,
+                engine.pending.append(Pending(_with_deadline(test, self.timeout, work.description), cancel, work,
                                               work.description))
             engine.enqueue(post)
         if async_op:
@@ -441,19 +441,20 @@ class Communicator:
         result = work.wait()
         return (result, work.source) if call.name == "recv" and call.peer is None else result
 
-    def _post(self, call: Call, work: Work) -> Callable[[], bool]:
-        """Post one send or receive; return the test the progress thread polls until it is done."""
+    def _post(self, call: Call, work: Work) -> tuple:
+        """Post one send or receive; return (the test the progress thread polls until it is done,
+        what withdraws it)."""
         transport, flat = self.transport, (call.inp if call.name == "send" else call.out).flat
         tag = p2p_tag(call.dtype.name, call.tag)
         deadline = deadline_of(self.timeout)
         watch = _P2PWatch(self, call, work.description, deadline)
         if call.name == "send":
             request = transport.isend(flat, call.peer, tag)
-            return lambda: request.test() or watch.stalled(call.peer, Send(call.peer, 0, call.count))
+            return lambda: request.test() or watch.stalled(call.peer, Send(call.peer, 0, call.count)), request.cancel
         if call.peer is not None:
             work.source = call.peer
             request = transport.irecv(flat, call.peer, tag)
-            return lambda: request.test() or watch.stalled(call.peer, Recv(call.peer, 0, call.count))
+            return lambda: request.test() or watch.stalled(call.peer, Recv(call.peer, 0, call.count)), request.cancel
         found: list = []
 
         def any_source() -> bool:   # find the first message under this tag, then receive it
@@ -464,7 +465,7 @@ class Communicator:
                 work.source = hit[0]
                 found.append(transport.irecv(flat, hit[0], tag))
             return found[0].test() or watch.stalled(work.source, Recv(work.source, 0, call.count))
-        return any_source
+        return any_source, lambda: found and found[0].cancel()
 
 
 class _P2PWatch:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import threading
 
 import numpy as np
 import torch
@@ -123,16 +124,23 @@ class C10dBackend(ReferenceCommunicator):
             raise comm_error(self._describe(call, 0), self.library, err) from err
 
     def _post(self, call, work):
+        """torch's gloo send/recv Works complete only inside wait() (is_completed() stays False
+        until then), so a thread waits on each and the progress thread polls that."""
         handle, _ = self._start_call(call)
+        done, failed = threading.Event(), []
 
-        def test() -> bool:
-            if not handle.is_completed():
-                return False
+        def waiter() -> None:
             try:
                 handle.wait()
+                if call.name == "recv" and call.peer is None:
+                    work.source = handle._source_rank()
             except RuntimeError as err:
-                raise comm_error(work.description, self.library, err) from err
-            if call.name == "recv" and call.peer is None:
-                work.source = handle._source_rank()
-            return True
-        return test
+                failed.append(comm_error(work.description, self.library, err))
+            done.set()
+        threading.Thread(target=waiter, daemon=True, name=f"ringcomm-{self.library}-p2p").start()
+
+        def test() -> bool:
+            if failed:
+                raise failed[0]
+            return done.is_set()
+        return test, lambda: None   # torch's Work cannot withdraw a receive; the group is closed with it

@@ -96,7 +96,7 @@ class MPINativeCommunicator(ReferenceCommunicator):
                     raise MismatchError(f"{work.description}: the message has {got} bytes, the receive "
                                         f"expected {expected}")
             return True
-        return test
+        return test, req.Cancel
 
     def _sub_backend(self, sub_world, members, path):
         if members is None:

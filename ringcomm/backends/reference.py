@@ -59,6 +59,8 @@ class ReferenceCommunicator(Communicator):
         except NotImplementedError as err:
             raise UsageError(f"{what}: {err}") from None
         self._wait(handle, keep, what)
+        if callable(keep):   # the torch mappings that stage through padded tensors copy back here
+            keep()
 
     def _start_call(self, call):
         raise NotImplementedError

@@ -4,7 +4,8 @@ Even: out holds size x x's elements, part r at r * len(x). Uneven: ``counts[r]``
 rank r (every rank passes the same counts; x has counts[rank] elements; zeros allowed). In place
 when x is exactly this rank's part of out. Vector: out (count = out's elements).
 Bus bandwidth factor (n-1)/n. MPI: MPI_Iallgather / MPI_Iallgatherv. torch.distributed:
-ProcessGroup._allgather_base, or allgather on per-rank views when uneven.
+ProcessGroup._allgather_base (uneven: every part padded to the largest, as gloo gathers equal
+sizes only).
 """
 from __future__ import annotations
 
@@ -67,5 +68,14 @@ class AllGather(Collective):
         t_in = backend.tensor(inp, call.dtype)[off:off + n].clone() if call.in_place else backend.tensor(inp, call.dtype)
         if call.counts is None or len(set(call.counts)) == 1:
             return backend.pg._allgather_base(t_out, t_in), None
-        views = [t_out[o:o + c] for o, c in parts]
-        return backend.pg.allgather([views], [t_in]), None
+        # torch's gloo gathers equal sizes only: every part padded to the largest, then unpadded.
+        top = max(call.counts)
+        padded = t_out.new_zeros(top * size)
+        mine = t_out.new_zeros(top)
+        mine[:n] = t_in
+        handle = backend.pg._allgather_base(padded, mine)
+
+        def finish():
+            for r, (o, c) in enumerate(parts):
+                t_out[o:o + c] = padded[r * top:r * top + c]
+        return handle, finish

@@ -4,8 +4,8 @@ every rank's x.
 Even: x holds size x out's elements, part r at r * len(out). Uneven: part r has ``counts[r]``
 elements (every rank passes the same counts; out has counts[rank]). x is never changed; out may
 be exactly this rank's part of x. Vector: x (count = x's elements). Bus bandwidth factor (n-1)/n.
-MPI: MPI_Ireduce_scatter_block / MPI_Ireduce_scatter. torch.distributed: _reduce_scatter_base,
-or reduce_scatter on per-rank views when uneven.
+MPI: MPI_Ireduce_scatter_block / MPI_Ireduce_scatter. torch.distributed: _reduce_scatter_base
+(uneven: parts padded to the largest, as gloo reduces equal parts only).
 """
 from __future__ import annotations
 
@@ -74,8 +74,17 @@ class ReduceScatter(Collective):
         opts = backend.reduce_scatter_options(call.op)
         if call.counts is None or len(set(call.counts)) == 1:
             return backend.pg._reduce_scatter_base(t_out, t_in, opts), None
-        views = [t_in[o:o + c] for o, c in layout(call.shape(backend.size, 1))]
-        return backend.pg.reduce_scatter([t_out], [views], opts), None
+        # Equal parts only in torch's gloo: every part padded to the largest, the padding reduced too.
+        top = max(call.counts)
+        padded = t_in.new_zeros(top * backend.size)
+        for r, (o, c) in enumerate(layout(call.shape(backend.size, 1))):
+            padded[r * top:r * top + c] = t_in[o:o + c]
+        mine = t_out.new_zeros(top)
+        handle = backend.pg._reduce_scatter_base(mine, padded, opts)
+
+        def finish():
+            t_out.copy_(mine[:t_out.numel()])
+        return handle, finish
 
 
 def _overlaps(a, b) -> bool:

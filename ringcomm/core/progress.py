@@ -26,11 +26,12 @@ from ..work import Work
 
 
 class Pending:
-    """A posted point-to-point operation: ``test()`` -> True once done (may raise)."""
-    __slots__ = ("test", "work", "what")
+    """A posted point-to-point operation: ``test()`` -> True once done (may raise); ``cancel()``
+    withdraws it from the transport (a closed communicator must not write into a buffer later)."""
+    __slots__ = ("test", "cancel", "work", "what")
 
-    def __init__(self, test: Callable[[], bool], work: Work, what: str):
-        self.test, self.work, self.what = test, work, what
+    def __init__(self, test: Callable[[], bool], cancel: Callable[[], None], work: Work, what: str):
+        self.test, self.cancel, self.work, self.what = test, cancel, work, what
 
 
 class Engine:
@@ -82,6 +83,8 @@ class Engine:
             with self.state:
                 while not self.queue and not self.pending and not self.closed:
                     self.wake.wait()
+                if not self.queue and self.closed and self.pending:
+                    self._cancel_pending()
                 if not self.queue and not self.pending:
                     return
                 item = self.queue.popleft() if self.queue else None
@@ -116,6 +119,19 @@ class Engine:
                 self.done()
                 finished = True
         return finished
+
+    def _cancel_pending(self) -> None:
+        """close() with sends or receives nobody matched: withdraw them, their Works raise."""
+        for op in self.pending:
+            try:
+                with self.exec:
+                    op.cancel()
+            except Exception:
+                pass   # the transport is gone already
+            op.work._finish(None, CommError(f"{op.what}: cancelled: the communicator was closed before it "
+                                            f"completed"))
+            self.outstanding -= 1
+        self.pending.clear()
 
     def fail_pending(self, err: BaseException) -> None:
         """After a failure: pending operations will never complete cleanly (progress thread only)."""

@@ -35,6 +35,10 @@ class Request(ABC):
     def test(self) -> bool:
         """True if complete, without blocking."""
 
+    def cancel(self) -> None:
+        """Withdraw a receive that has not matched (its buffer is never written after this).
+        Sends and completed requests ignore it."""
+
 
 class DoneRequest(Request):
     def wait(self, timeout):

@@ -37,6 +37,10 @@ class MPIRequest(Request):
             return True
         return wait_polling(self.test, timeout, self._transport.aborted_reason)
 
+    def cancel(self) -> None:
+        if not self._done:
+            self._req.Cancel()
+
 
 class MPIRecvRequest(MPIRequest):
     """A receive that checks the message's length: MPI silently accepts a shorter message."""

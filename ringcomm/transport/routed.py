@@ -100,17 +100,22 @@ class RoutedTransport(Transport):
         return {peer: t.name for peer, t in sorted(self.routes.items())}
 
     def split(self, members, color, key, context, slot=None):
-        """Peers on this node through a view of the shm transport, the others through an MPI
-        communicator split off the job's (collective: every rank calls it, members or not)."""
-        remote = next((t for t in self.transports if t is not self.node), None)
+        """Peers on this node through a view of the node's transport, the others through an MPI
+        communicator split off this one's (collective: every rank calls it, members or not).
+        This transport's ranks are its local transport's ranks, so members map straight across."""
+        if not self.transports:   # a communicator of one rank: its splits have one rank too
+            return None if members is None else RoutedTransport(0, 1, {}, [])
+        local = self.node if self.node is not None else self.transports[0]
+        remote = next((t for t in self.transports if t is not local), None)
         split_remote = None if remote is None else remote.split(members, color, key, context, slot)
         if members is None:
             return None
-        from .view import TransportView
-        local = TransportView(self.node, members, context)
         me = members.index(self.rank)
-        routes = {i: (local if r in self.node.local else split_remote) for i, r in enumerate(members) if i != me}
-        sub = RoutedTransport(me, len(members), routes, [local] + ([split_remote] if split_remote else []))
+        on_node = [m for m in members if m == self.rank or self.routes[m] is local]
+        split_local = local.split(members, color, key, context, slot) if len(on_node) > 1 else None
+        routes = {i: (split_local if self.routes[m] is local else split_remote)
+                  for i, m in enumerate(members) if i != me}
+        sub = RoutedTransport(me, len(members), routes, [t for t in (split_local, split_remote) if t is not None])
         sub.window = None   # windows for sub-communicators come with the shm transport's window slots
         return sub
 

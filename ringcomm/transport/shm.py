@@ -223,6 +223,11 @@ class _Recv(Request):
     def wait(self, timeout):
         return wait_polling(self.test, timeout, lambda: self.t.aborted_reason(self.peer))
 
+    def cancel(self) -> None:
+        if not self.done and self.slot < 0:
+            self.t._plain[self.peer].pop((self.tag, self.ord), None)
+            self.done = True
+
 
 class ShmTransport(Transport):
     """Point-to-point between the ranks of one node through shared memory.

@@ -40,7 +40,15 @@ class _Recv(Request):
         return True
 
     def test(self) -> bool:
+        if self.done and self.error is not None:
+            raise self.error
         return self.done
+
+    def cancel(self) -> None:
+        with self._box.cond:
+            for queue in self._box.posted.values():
+                if self in queue:
+                    queue.remove(self)
 
 
 class _Mailbox:

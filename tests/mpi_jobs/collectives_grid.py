@@ -1,4 +1,4 @@
-"""Every collective x backend x dtype x op x count, checked against a float64 reference.
+"""Every collective x backend x dtype x op x count, checked against the collectives' references.
 
     mpirun -n N python collectives_grid.py REPORT.json [--backends ringcomm,mpi,gloo]
                                                        [--pretend-nodes K] [--big COUNT]
@@ -7,7 +7,8 @@ Every rank can rebuild every rank's input from its seed, so the reference needs 
 communication. Rank 0 writes REPORT.json ({"checks": int, "failures": [...], ...}) for pytest
 to read (stdout of several ranks interleaves under mpirun, a file does not) and the job exits 1
 on any failure. With --pretend-nodes K, rank r claims node r*K//N through RINGCOMM_NODE_ID, so
-traffic between those pretend nodes crosses the MPI transport.
+traffic between those pretend nodes crosses the MPI transport. Each backend also runs the grid's
+core on sub-communicators (odd/even ranks, and a split of that), with calls in flight on both.
 """
 import argparse
 import json
@@ -15,6 +16,7 @@ import os
 import sys
 import traceback
 import zlib
+from pathlib import Path
 
 parser = argparse.ArgumentParser()
 parser.add_argument("report")
@@ -28,159 +30,164 @@ if args.pretend_nodes:
     rank, size = int(os.environ["PMI_RANK"]), int(os.environ["PMI_SIZE"])
     os.environ["RINGCOMM_NODE_ID"] = f"pretend-node-{rank * args.pretend_nodes // size}"
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # tests/: the grid's inputs and tolerances
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import ringcomm  # noqa: E402
-from ringcomm import algorithms  # noqa: E402
-
-EPS = {"float64": 2.0 ** -52, "float32": 2.0 ** -23, "float16": 2.0 ** -10, "bfloat16": 2.0 ** -7}
-DTYPES = ("float64", "float32", "float16", "bfloat16", "int64", "int32", "uint8")
-TORCH = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16,
-         "bfloat16": torch.bfloat16, "int64": torch.int64, "int32": torch.int32, "uint8": torch.uint8}
-REF = {"sum": lambda s: s.sum(0), "avg": lambda s: s.sum(0) / len(s), "prod": lambda s: s.prod(0),
-       "min": lambda s: s.min(0), "max": lambda s: s.max(0)}
+from grid import DTYPES, FACTOR, Case, assert_close, empty, make, op_arg, ops_for, raw_bytes, values  # noqa: E402
+from ringcomm import algorithms, collectives  # noqa: E402
 
 
 class Checker:
-    def __init__(self, comm):
-        self.comm, self.rank, self.size = comm, comm.rank, comm.size
+    def __init__(self, comm, label):
+        self.comm, self.label, self.rank, self.size = comm, label, comm.rank, comm.size
         self.checks, self.failures, self.hashes = 0, [], []
         self.case = 0
 
-    # ---- inputs: every rank can make every rank's input --------------------------------------
-    def values(self, dtype, count, op, r):
-        rng = np.random.default_rng([self.case, r])
-        if dtype in EPS:
-            v = rng.uniform(0.5, 1.5, count) if op == "prod" else rng.uniform(-1, 1, count)
-        elif op == "prod":
-            v = rng.integers(1, 3, count)        # |product| <= 2**4: no integer overflow
-        else:
-            v = rng.integers(0 if dtype == "uint8" else -3, 4, count)
-        return v
+    def inputs(self, case, count_of):
+        """Every rank's input values of this case (each rank can rebuild all of them)."""
+        self.case += 1
+        return [values(case, r, count_of(r), seed=self.case) for r in range(self.size)]
 
-    def make(self, dtype, count, op, r):
-        """(array or tensor of ``dtype``, its exact values as float64)."""
-        t = torch.from_numpy(self.values(dtype, count, op, r)).to(TORCH[dtype])
-        exact = t.to(torch.float64).numpy()
-        # Alternate torch and numpy inputs; numpy has no bfloat16.
-        x = t if dtype == "bfloat16" or self.case % 2 else t.numpy().copy()
-        return x, exact
-
-    # ---- comparison --------------------------------------------------------------------------
-    def check(self, what, got, ref, dtype, op=None, scale=None):
+    def expect(self, what, case, got, ref, per_rank):
         self.checks += 1
-        got = as_f64(got)
-        if got.shape != ref.shape:
-            return self.fail(what, f"shape {got.shape} != {ref.shape}")
-        if dtype in EPS and op not in ("min", "max", None):
-            tol = (self.size + 2) * EPS[dtype] * (np.abs(ref) if op == "prod" else scale)
-        else:
-            tol = 0.0   # ints, min/max and pure data movement are exact
-        bad = np.abs(got - ref) > tol
-        if bad.any():
-            i = int(np.argmax(bad))
-            self.fail(what, f"{int(bad.sum())} of {ref.size} wrong, first at {i}: got {got[i]!r}, "
-                            f"expected {ref[i]!r} (tolerance {np.broadcast_to(tol, ref.shape)[i]!r})")
+        try:
+            assert_close(case, got, ref, per_rank, what)
+        except AssertionError as err:
+            self.failures.append(f"{self.label} rank {self.rank}: {err}")
 
-    def fail(self, what, why):
-        self.failures.append(f"rank {self.rank} {self.comm.backend} {what}: {why}")
+    def exact(self, what, case, got, ref_values):
+        self.checks += 1
+        if raw_bytes(got) != raw_bytes(make(case, ref_values)):
+            self.failures.append(f"{self.label} rank {self.rank}: {what}: {case}: bytes differ from the reference")
 
     def fingerprint(self, x):
-        if self.comm.backend == "ringcomm":
-            if torch.is_tensor(x):
-                x = (x.view(torch.int16) if x.dtype == torch.bfloat16 else x).numpy()
-            self.hashes.append((self.case, zlib.crc32(x.tobytes())))
+        if self.comm.backend == "ringcomm" and x is not None:
+            self.hashes.append((self.case, zlib.crc32(raw_bytes(x))))
 
     # ---- one case per collective --------------------------------------------------------------
-    def all_reduce(self, dtype, count, op, algorithm=None):
-        self.case += 1
-        ins = [self.make(dtype, count, op, r) for r in range(self.size)]
-        x = ins[self.rank][0]
-        stack = np.stack([e for _, e in ins]) if count else np.zeros((self.size, 0))
-        ret = self.comm.all_reduce(x, op, algorithm=algorithm)
-        what = f"all_reduce({dtype}, n={count}, {op}, {algorithm})"
-        if ret is not x:
-            self.fail(what, "did not return its argument")
-        self.check(what, x, REF[op](stack), dtype, op, np.abs(stack).sum(0))
-        self.fingerprint(x)
+    def all_reduce(self, case, algorithm=None, out_of_place=False):
+        ins = self.inputs(case, lambda r: case.count)
+        x = make(case, ins[self.rank])
+        out = empty(case, case.count) if out_of_place else None
+        got = self.comm.all_reduce(x, op_arg(case), out=out, algorithm=algorithm)
+        ref = collectives.get("all_reduce").reference(ins, op=case.op, dtype=case.dtype, factor=FACTOR)[0]
+        self.expect(f"all_reduce({algorithm}, out={out_of_place})", case, got, ref, ins)
+        self.fingerprint(got)
 
-    def reduce(self, dtype, count, op, root, algorithm=None):
-        self.case += 1
-        ins = [self.make(dtype, count, op, r) for r in range(self.size)]
-        x, mine = ins[self.rank]
-        stack = np.stack([e for _, e in ins]) if count else np.zeros((self.size, 0))
-        self.comm.reduce(x, root, op, algorithm=algorithm)
-        what = f"reduce({dtype}, n={count}, {op}, root={root}, {algorithm})"
+    def reduce(self, case, root, algorithm=None, out_of_place=False):
+        ins = self.inputs(case, lambda r: case.count)
+        x = make(case, ins[self.rank])
+        out = empty(case, case.count) if out_of_place and self.rank == root else None
+        got = self.comm.reduce(x, root, op_arg(case), out=out, algorithm=algorithm)
+        what = f"reduce(root={root}, {algorithm}, out={out_of_place})"
         if self.rank == root:
-            self.check(what, x, REF[op](stack), dtype, op, np.abs(stack).sum(0))
-        else:
-            self.check(what + " non-root input kept", x, mine, dtype)
+            ref = collectives.get("reduce").reference(ins, root=root, op=case.op, dtype=case.dtype, factor=FACTOR)
+            self.expect(what, case, got, ref[root], ins)
+        if self.rank != root or out_of_place:
+            self.exact(what + " input kept", case, x, ins[self.rank])
 
-    def broadcast(self, dtype, count, root, algorithm=None):
-        self.case += 1
-        x, _ = self.make(dtype, count, "sum", self.rank)
-        _, expected = self.make(dtype, count, "sum", root)
+    def broadcast(self, case, root, algorithm=None):
+        ins = self.inputs(case, lambda r: case.count)
+        x = make(case, ins[self.rank])
         self.comm.broadcast(x, root, algorithm=algorithm)
-        self.check(f"broadcast({dtype}, n={count}, root={root}, {algorithm})", x, expected, dtype)
+        self.exact(f"broadcast(root={root}, {algorithm})", case, x, ins[root])
         self.fingerprint(x)
 
-    def all_gather(self, dtype, count, algorithm=None):
-        self.case += 1
-        ins = [self.make(dtype, count, "sum", r) for r in range(self.size)]
-        x = ins[self.rank][0]
-        out = zeros_like(x, self.size * count)
-        ret = self.comm.all_gather(out, x, algorithm=algorithm)
-        what = f"all_gather({dtype}, n={count}, {algorithm})"
-        if ret is not out:
-            self.fail(what, "did not return out")
-        self.check(what, out, np.concatenate([e for _, e in ins]), dtype)
-        self.fingerprint(out)
+    def all_gather(self, case, counts=None, algorithm=None):
+        sizes = counts or (case.count,) * self.size
+        ins = self.inputs(case, lambda r: sizes[r])
+        out = empty(case, sum(sizes))
+        self.comm.all_gather(out, make(case, ins[self.rank]), counts=counts, algorithm=algorithm)
+        self.exact(f"all_gather(counts={counts}, {algorithm})", case, out, np.concatenate(ins))
 
-    def reduce_scatter(self, dtype, count, op, algorithm=None):
-        self.case += 1
-        ins = [self.make(dtype, count * self.size, op, r) for r in range(self.size)]
-        x, mine = ins[self.rank]
-        stack = np.stack([e for _, e in ins]) if count else np.zeros((self.size, 0))
-        out = zeros_like(x, count)
-        self.comm.reduce_scatter(out, x, op, algorithm=algorithm)
-        what = f"reduce_scatter({dtype}, n={count}, {op}, {algorithm})"
-        part = slice(self.rank * count, (self.rank + 1) * count)
-        self.check(what, out, REF[op](stack)[part], dtype, op, np.abs(stack).sum(0)[part])
-        self.check(what + " input kept", x, mine, dtype)
+    def reduce_scatter(self, case, counts=None, algorithm=None):
+        sizes = counts or (case.count,) * self.size
+        ins = self.inputs(case, lambda r: sum(sizes))
+        x = make(case, ins[self.rank])
+        out = empty(case, sizes[self.rank])
+        self.comm.reduce_scatter(out, x, op_arg(case), counts=counts, algorithm=algorithm)
+        ref = collectives.get("reduce_scatter").reference(ins, op=case.op, dtype=case.dtype, factor=FACTOR,
+                                                          counts=list(sizes))
+        off = sum(sizes[:self.rank])
+        self.expect(f"reduce_scatter(counts={counts}, {algorithm})", case, out, ref[self.rank],
+                    [p[off:off + sizes[self.rank]] for p in ins])
+        self.exact("reduce_scatter input kept", case, x, ins[self.rank])
 
+    def all_to_all(self, case, uneven=False, algorithm=None):
+        n = self.size
+        rng = np.random.default_rng([self.case, 7])
+        m = rng.integers(0, 4, (n, n)) if uneven else np.full((n, n), case.count)
+        ins = self.inputs(case, lambda r: int(m[r].sum()))
+        out = empty(case, int(m[:, self.rank].sum()))
+        splits = (list(map(int, m[:, self.rank])), list(map(int, m[self.rank]))) if uneven else (None, None)
+        self.comm.all_to_all(out, make(case, ins[self.rank]), *splits, algorithm=algorithm)
+        ref = collectives.get("all_to_all").reference(ins, in_splits=[tuple(map(int, row)) for row in m])
+        self.exact(f"all_to_all(uneven={uneven}, {algorithm})", case, out, ref[self.rank])
 
-def as_f64(x):
-    return x.to(torch.float64).numpy() if torch.is_tensor(x) else np.asarray(x, dtype=np.float64)
+    def gather(self, case, root, algorithm=None):
+        ins = self.inputs(case, lambda r: case.count)
+        out = empty(case, self.size * case.count) if self.rank == root else None
+        self.comm.gather(out, make(case, ins[self.rank]), root, algorithm=algorithm)
+        if self.rank == root:
+            self.exact(f"gather(root={root}, {algorithm})", case, out, np.concatenate(ins))
 
+    def scatter(self, case, root, algorithm=None):
+        ins = self.inputs(case, lambda r: self.size * case.count)
+        out = empty(case, case.count)
+        x = make(case, ins[root]) if self.rank == root else None
+        self.comm.scatter(out, x, root, algorithm=algorithm)
+        self.exact(f"scatter(root={root}, {algorithm})", case, out,
+                   ins[root][self.rank * case.count:(self.rank + 1) * case.count])
 
-def zeros_like(x, count):
-    return torch.zeros(count, dtype=x.dtype) if torch.is_tensor(x) else np.zeros(count, x.dtype)
-
-
-def ops_for(dtype):
-    return ("sum", "avg", "prod", "min", "max") if dtype in EPS else ("sum", "prod", "min", "max")
+    def send_recv(self, case):
+        """A ring of messages: each rank sends to its right, receives from its left."""
+        if self.size == 1:
+            return
+        ins = self.inputs(case, lambda r: case.count)
+        right, left = (self.rank + 1) % self.size, (self.rank - 1) % self.size
+        work = self.comm.send(make(case, ins[self.rank]), right, tag=self.case % 1000, async_op=True)
+        got = self.comm.recv(empty(case, case.count), left, tag=self.case % 1000)
+        work.wait(60)
+        self.exact("send/recv", case, got, ins[left])
 
 
 def grid(c, big):
     """The same grid on every backend: default algorithm choice, every dtype, op and count."""
-    size = c.size
-    for dtype in DTYPES:
+    size, backend = c.size, c.comm.backend
+    for j, dtype in enumerate(DTYPES):
+        if backend == "gloo" and dtype == "int16":
+            continue   # gloo refuses int16: refusal_checks tests that it says so
         for count in (0, 1, size - 1, 97):
+            kind = "torch" if dtype == "bfloat16" or (count + j) % 2 else "numpy"
             for op in ops_for(dtype):
-                c.all_reduce(dtype, count, op)
-                c.reduce(dtype, count, op, root=(c.case + count) % size)
-                c.reduce_scatter(dtype, count, op)
-            c.broadcast(dtype, count, root=count % size)
-            c.all_gather(dtype, count)
+                case = Case(count, dtype, op, kind)
+                c.all_reduce(case, out_of_place=bool(count % 2))
+                c.reduce(case, root=(c.case + count) % size, out_of_place=bool((count + 1) % 2))
+                c.reduce_scatter(case)
+            data = Case(count, dtype, "sum", kind)
+            c.broadcast(data, root=count % size)
+            c.all_gather(data)
+            c.all_to_all(data)
+            c.gather(data, root=(count + 1) % size)
+            c.scatter(data, root=count % size)
+            c.send_recv(data)
+        uneven, kind = tuple((r * 3 + j) % 5 for r in range(size)), "torch" if dtype == "bfloat16" else "numpy"
+        c.all_gather(Case(0, dtype, "sum", kind), counts=uneven)
+        c.reduce_scatter(Case(0, dtype, "sum", kind), counts=uneven)
+        c.all_to_all(Case(0, dtype, "sum", kind), uneven=True)
         c.comm.barrier()
     for dtype in ("float32", "float16", "bfloat16"):   # ~1 MiB: several segments, pipelining
         for op in ("sum", "max"):
-            c.all_reduce(dtype, big, op)
-            c.reduce(dtype, big, op, root=size - 1)
-            c.reduce_scatter(dtype, big // size, op)
-        c.broadcast(dtype, big, root=size - 1)
-        c.all_gather(dtype, big // size)
+            case = Case(big, dtype, op, "torch" if dtype == "bfloat16" else "numpy")
+            c.all_reduce(case)
+            c.reduce(case, root=size - 1)
+            c.reduce_scatter(Case(big // size, dtype, op, case.kind))
+        data = Case(big, dtype, "sum", "torch" if dtype == "bfloat16" else "numpy")
+        c.broadcast(data, root=size - 1)
+        c.all_gather(Case(big // size, dtype, "sum", data.kind))
+        c.all_to_all(Case(big // size, dtype, "sum", data.kind))
 
 
 def every_algorithm(c, big):
@@ -188,23 +195,76 @@ def every_algorithm(c, big):
     size = c.size
     for name in algorithms.names("all_reduce", c.comm.transport):
         for count in (0, 1, size - 1, 97, big):
-            c.all_reduce("float32", count, "sum", algorithm=name)
-        c.all_reduce("bfloat16", 1009, "avg", algorithm=name)
-        c.all_reduce("int64", 97, "max", algorithm=name)
+            c.all_reduce(Case(count, "float32", "sum", "numpy"), algorithm=name, out_of_place=bool(count % 2))
+        c.all_reduce(Case(1009, "bfloat16", "avg", "torch"), algorithm=name)
+        c.all_reduce(Case(97, "int64", "bxor", "torch"), algorithm=name)
     for name in algorithms.names("broadcast"):
         for count in (0, 1, 97, big):
-            c.broadcast("float32", count, root=size - 1, algorithm=name)
+            c.broadcast(Case(count, "float32", "sum", "numpy"), root=size - 1, algorithm=name)
     for name in algorithms.names("reduce"):
         for count in (0, 1, 97, big):
-            c.reduce("float64", count, "sum", root=size // 2, algorithm=name)
+            c.reduce(Case(count, "float64", "sum", "numpy"), root=size // 2, algorithm=name, out_of_place=True)
     for name in algorithms.names("all_gather"):
         for count in (0, 1, 97, big // size):
-            c.all_gather("float16", count, algorithm=name)
+            c.all_gather(Case(count, "float16", "sum", "numpy"), algorithm=name)
     for name in algorithms.names("reduce_scatter"):
         for count in (0, 1, 97, big // size):
-            c.reduce_scatter("float32", count, "sum", algorithm=name)
+            c.reduce_scatter(Case(count, "float32", "sum", "numpy"), algorithm=name)
+    for name in algorithms.names("all_to_all"):
+        for count in (0, 1, 97, big // size):
+            c.all_to_all(Case(count, "int32", "sum", "numpy"), algorithm=name)
+    for collective in ("gather", "scatter"):
+        for name in algorithms.names(collective):
+            for count in (0, 1, 97, big // size):
+                getattr(c, collective)(Case(count, "float32", "sum", "numpy"), root=size - 1, algorithm=name)
     for name in algorithms.names("barrier"):
         c.comm.barrier(algorithm=name)
+
+
+def sub_communicators(c):
+    """Odd/even halves and a split of a half, collectives in flight on a half and on the parent."""
+    comm = c.comm
+    half = comm.split(comm.rank % 2)
+    quarter = half.split(half.rank % 2, key=-half.rank)
+    for sub, label in ((half, "half"), (quarter, "quarter")):
+        s = Checker(sub, f"{c.label} {label}")
+        for dtype in ("float32", "bfloat16", "int8", "bool"):
+            kind = "torch" if dtype == "bfloat16" else "numpy"
+            op = "sum" if dtype != "int8" else "bxor"
+            s.all_reduce(Case(13, dtype, op, kind))
+            s.broadcast(Case(13, dtype, "sum", kind), root=sub.size - 1)
+            s.all_to_all(Case(3, dtype, "sum", kind))
+            s.gather(Case(5, dtype, "sum", kind), root=0)
+        c.checks += s.checks
+        c.failures += s.failures
+    # Calls in flight at once on the parent and on a half: each matches its own.
+    x = np.full(4096, comm.rank + 1.0)
+    y = np.full(4096, comm.rank + 1.0)
+    w1 = half.all_reduce(y, async_op=True)
+    w2 = comm.all_reduce(x, async_op=True)
+    w1.wait(60)
+    w2.wait(60)
+    c.checks += 2
+    if x[0] != comm.size * (comm.size + 1) / 2:
+        c.failures.append(f"{c.label} rank {c.rank}: parent all_reduce beside a half's: {x[0]}")
+    mine = sum(r + 1 for r in range(comm.size) if r % 2 == comm.rank % 2)
+    if y[0] != mine:
+        c.failures.append(f"{c.label} rank {c.rank}: half all_reduce beside the parent's: {y[0]} != {mine}")
+    quarter.close()
+    half.close()
+
+
+def refusal_checks(c):
+    """What a backend cannot do is a UsageError before communication, naming it."""
+    c.checks += 1
+    if c.comm.backend != "gloo":
+        return
+    try:
+        c.comm.all_reduce(torch.ones(3, dtype=torch.int16))
+        c.failures.append(f"{c.label} rank {c.rank}: gloo accepted int16")
+    except ringcomm.UsageError as err:
+        if "int16" not in str(err):
+            c.failures.append(f"{c.label} rank {c.rank}: gloo's int16 refusal does not say why: {err}")
 
 
 def main():
@@ -214,16 +274,18 @@ def main():
     for backend in args.backends.split(","):
         try:
             comm = ringcomm.init(backend)
-            c = Checker(comm)
+            c = Checker(comm, backend)
             if comm.backend != backend:
-                c.fail("init", f"comm.backend is {comm.backend!r}")
+                c.failures.append(f"init: comm.backend is {comm.backend!r}")
             grid(c, args.big)
+            refusal_checks(c)
+            sub_communicators(c)
             if backend == "ringcomm":
                 every_algorithm(c, args.big)
                 everyone = world.allgather(c.hashes)
                 differ = sorted({a[0] for h in everyone for a, b in zip(h, everyone[0]) if a != b})
                 if differ:
-                    c.fail("determinism", f"results differ in their bits between ranks in cases {differ[:10]}")
+                    c.failures.append(f"determinism: results differ in their bits between ranks in cases {differ[:10]}")
             comm.close()
             failures, checks = c.failures, c.checks
             topo = {"local_rank": comm.local_rank, "local_size": comm.local_size,

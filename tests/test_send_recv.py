@@ -1,0 +1,100 @@
+"""send/recv: messages between a pair under one tag arrive in order; tags keep streams apart; a
+receive of another dtype or length raises MismatchError on the receiver (never a truncated or
+reinterpreted buffer); any-source receives name their sender; nothing waits forever."""
+import numpy as np
+import pytest
+import torch
+
+from ringcomm import CommError, CommTimeoutError, MismatchError
+from ringcomm.testing import run_threads
+
+
+def test_messages_of_one_tag_arrive_in_order_and_tags_are_separate_streams():
+    def body(comm):
+        if comm.rank == 0:
+            for i in range(20):
+                comm.send(np.full(3, float(i)), 1, tag=i % 2, async_op=True)
+            return comm.send(np.array([99.0]), 1, tag=7)
+        got = {0: [], 1: []}
+        late = comm.recv(np.zeros(1), 0, tag=7)          # tag 7 was sent last but is received first
+        for i in range(20):
+            t = 1 - i % 2 if i < 10 else i % 2           # receive the two tags in another interleaving
+            got[t].append(float(comm.recv(np.zeros(3), 0, tag=t)[0]))
+        return late[0], got
+    late, got = run_threads(2, body)[1]
+    assert late == 99.0
+    assert got[0] == [float(i) for i in range(0, 20, 2)] and got[1] == [float(i) for i in range(1, 20, 2)]
+
+
+def test_pipeline_pattern_send_right_receive_left_does_not_deadlock():
+    """Every rank sends to its right neighbour before it receives from its left one: receives
+    are posted as they are issued, so nothing waits on the order of posting."""
+    def body(comm):
+        n = comm.size
+        w = comm.send(np.full(1 << 18, float(comm.rank)), (comm.rank + 1) % n, async_op=True)
+        got = comm.recv(np.zeros(1 << 18), (comm.rank - 1) % n)
+        w.wait(30)
+        return got[0]
+    assert run_threads(4, body) == [3.0, 0.0, 1.0, 2.0]
+
+
+def test_torch_tensors_and_every_dtype_travel_exactly():
+    def body(comm):
+        dtypes = [torch.float16, torch.bfloat16, torch.float32, torch.int8, torch.int16, torch.int64, torch.bool]
+        if comm.rank == 0:
+            for dt in dtypes:
+                comm.send((torch.arange(7) % 3).to(dt), 1)
+            return None
+        return [comm.recv(torch.zeros(7, dtype=dt), 0) for dt in dtypes]
+    for t in run_threads(2, body)[1]:
+        assert t.tolist() == (torch.arange(7) % 3).to(t.dtype).tolist()
+
+
+def test_any_source_receive_names_its_sender():
+    def body(comm):
+        if comm.rank:
+            comm.send(np.full(2, 10.0 * comm.rank), 0, tag=4)
+            return None
+        seen = {}
+        for _ in range(comm.size - 1):
+            out, src = comm.recv(np.zeros(2), None, tag=4)
+            seen[src] = out[0]
+        w = comm.recv(np.zeros(2), None, tag=5, async_op=True)
+        return seen, w
+    seen, pending = run_threads(4, body)[0]
+    assert seen == {1: 10.0, 2: 20.0, 3: 30.0}
+    # Nobody sent under tag 5: closing the communicator withdrew the receive, and says so.
+    with pytest.raises(CommError, match="cancelled.*closed"):
+        pending.wait(5)
+    assert pending.source is None
+
+
+@pytest.mark.parametrize("theirs,mine,words", [
+    (np.zeros(4, np.float32), np.zeros(4, np.int32), ["float32", "int32", "tag 0"]),
+    (np.zeros(4, np.float32), np.zeros(5, np.float32), ["bytes", "16", "20"]),
+    (np.zeros(6, np.float32), np.zeros(5, np.float32), ["bytes", "24", "20"]),
+])
+def test_a_receive_that_does_not_fit_the_message_is_a_mismatch(theirs, mine, words):
+    def body(comm):
+        if comm.rank == 0:
+            comm.send(theirs, 1, async_op=True)
+            return None
+        keep = mine.copy()
+        try:
+            comm.recv(mine, 0)
+        except MismatchError:
+            assert np.array_equal(mine, keep), "the receive buffer was written"
+            raise
+    with pytest.raises(MismatchError) as info:
+        run_threads(2, body, timeout=10)
+    for w in words:
+        assert w in str(info.value)
+
+
+def test_a_receive_nobody_sends_times_out_naming_the_peer_and_tag():
+    def body(comm):
+        if comm.rank == 1:
+            return comm.recv(np.zeros(2), 0, tag=11)
+        return None
+    with pytest.raises(CommTimeoutError, match=r"recv .*from rank 0 \(tag 11\).*timed out"):
+        run_threads(2, body, timeout=1.0)

@@ -1,0 +1,154 @@
+"""Sub-communicators: comm.split() with MPI_Comm_split semantics and comm.dup(), on the threads
+transport: shapes (odd/even, singleton, everyone, nested), every collective on them, and
+collectives in flight at once on siblings and on the parent, which must not interfere."""
+import threading
+
+import numpy as np
+import pytest
+
+from ringcomm import UsageError
+from ringcomm.testing import run_threads
+
+
+def test_split_groups_by_color_orders_by_key_then_rank_and_none_opts_out():
+    def body(comm):
+        color = None if comm.rank == 5 else comm.rank % 2
+        sub = comm.split(color, key=-comm.rank if comm.rank % 2 else 0)
+        if sub is None:
+            return None
+        total = sub.all_reduce(np.array([float(comm.rank)]))
+        return sub.rank, sub.size, float(total[0])
+    got = run_threads(7, body)
+    assert got[5] is None
+    evens, odds = [0, 2, 4, 6], [1, 3]          # odd keys descend: rank 3 first
+    for r in evens:
+        assert got[r] == (evens.index(r), 4, 12.0)
+    assert got[3] == (0, 2, 4.0) and got[1] == (1, 2, 4.0)
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5, 8])
+def test_singletons_everyone_and_nested_splits(size):
+    def body(comm):
+        alone = comm.split(comm.rank)
+        everyone = comm.split(7)
+        halves = everyone.split(int(comm.rank < size // 2))
+        quarter = halves.split(halves.rank % 2, key=halves.rank)   # a split of a split of a split
+        x = np.full(3, comm.rank + 1.0)
+        return (alone.size, float(alone.all_reduce(x.copy())[0]), everyone.size,
+                float(everyone.all_reduce(x.copy())[0]), float(halves.all_reduce(x.copy())[0]),
+                float(quarter.all_reduce(x.copy())[0]), quarter.size)
+    got = run_threads(size, body)
+    for r, (alone_size, alone, every_size, every, half, quarter, qsize) in enumerate(got):
+        assert (alone_size, alone, every_size, every) == (1, r + 1.0, size, sum(range(1, size + 1)))
+        members = [k for k in range(size) if (k < size // 2) == (r < size // 2)]
+        assert half == sum(k + 1.0 for k in members)
+        mine = [k for i, k in enumerate(members) if i % 2 == members.index(r) % 2]
+        assert (quarter, qsize) == (sum(k + 1.0 for k in mine), len(mine))
+
+
+def test_every_collective_runs_on_a_sub_communicator():
+    def body(comm):
+        sub = comm.split(comm.rank % 2)
+        n, r = sub.size, sub.rank
+        out = {}
+        out["all_reduce"] = sub.all_reduce(np.full(4, r + 1.0))
+        out["broadcast"] = sub.broadcast(np.full(3, float(r)), root=n - 1)
+        gathered = np.zeros(2 * n)
+        out["all_gather"] = sub.all_gather(gathered, np.full(2, float(r)))
+        part = np.zeros(2)
+        out["reduce_scatter"] = sub.reduce_scatter(part, np.arange(2.0 * n))
+        a2a = np.zeros(n)
+        out["all_to_all"] = sub.all_to_all(a2a, np.arange(n, dtype=np.float64) + 10 * r)
+        g = np.zeros(n) if r == 0 else None
+        out["gather"] = sub.gather(g, np.array([float(r)]), root=0)
+        out["scatter"] = sub.scatter(np.zeros(1), np.arange(float(n)) if r == 0 else None, root=0)
+        if n > 1:
+            if r == 0:
+                sub.send(np.array([42.0]), 1, tag=3)
+            elif r == 1:
+                out["recv"] = sub.recv(np.zeros(1), 0, tag=3)
+        sub.barrier()
+        return n, r, out
+    for n, r, out in run_threads(5, body):
+        assert (out["all_reduce"] == n * (n + 1) / 2).all()
+        assert (out["broadcast"] == n - 1).all()
+        assert (out["all_gather"] == np.repeat(np.arange(float(n)), 2)).all()
+        assert (out["reduce_scatter"] == n * np.arange(2 * r, 2 * r + 2)).all()
+        assert (out["all_to_all"] == np.arange(n) * 10 + r).all()
+        assert r != 0 or (out["gather"] == np.arange(float(n))).all()
+        assert out["scatter"][0] == r
+        assert r != 1 or out["recv"][0] == 42.0
+
+
+def test_collectives_in_flight_on_siblings_and_parent_do_not_interfere():
+    """Async calls on two siblings and the parent, issued in different orders on different ranks:
+    each communicator matches its own calls."""
+    def body(comm):
+        a = comm.split(0)                # everyone
+        b = comm.split(comm.rank % 2)    # odd/even
+        order = [(a, 0), (b, 1), (comm, 2)] * 3
+        if comm.rank % 2:
+            order.reverse()
+        calls = [0, 0, 0]   # each communicator's k-th call has the same size on every rank
+        works = []
+        for c, which in order:
+            works.append((which, c.all_reduce(np.full(1000 + calls[which], comm.rank + 1.0), async_op=True)))
+            calls[which] += 1
+        return [(which, w.wait(timeout=60)[0]) for which, w in works]
+    got = run_threads(6, body)
+    total = sum(range(1, 7))
+    for r, results in enumerate(got):
+        same_parity = sum(k + 1 for k in range(6) if k % 2 == r % 2)
+        for which, value in results:
+            assert value == (same_parity if which == 1 else total)
+
+
+def test_dup_gives_a_thread_its_own_collectives():
+    """Two threads of each rank, each on its own dup: every result is that thread's own sum."""
+    def body(comm):
+        comms = [comm.dup(), comm.dup()]
+        results = [[], []]
+
+        def worker(t):
+            for i in range(30):
+                results[t].append(float(comms[t].all_reduce(np.full(8, 100.0 * t + i + comm.rank))[0]))
+        threads = [threading.Thread(target=worker, args=(t,)) for t in range(2)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        return results
+    n = 3
+    for results in run_threads(n, body):
+        for t in range(2):
+            assert results[t] == [n * (100.0 * t + i) + sum(range(n)) for i in range(30)]
+
+
+def test_a_second_thread_on_one_communicator_is_refused_naming_both_threads():
+    def body(comm):
+        works = [comm.all_reduce(np.ones(1 << 16), async_op=True) for _ in range(4)]
+        caught = []
+
+        def intruder():
+            try:
+                comm.all_reduce(np.ones(4))
+            except UsageError as err:
+                caught.append(str(err))
+        th = threading.Thread(target=intruder, name="intruder")
+        th.start()
+        th.join()
+        for w in works:
+            w.wait(60)
+        return caught
+    for caught in run_threads(2, body):
+        assert caught and "intruder" in caught[0] and "MainThread" not in caught[0] and "comm.dup()" in caught[0]
+
+
+def test_split_of_a_communicator_whose_ranks_disagree_on_the_call_is_an_error():
+    from ringcomm import MismatchError
+    def body(comm):
+        if comm.rank == 0:
+            return comm.split(0)
+        return comm.all_reduce(np.zeros(3))
+    with pytest.raises(MismatchError):
+        run_threads(2, body, timeout=10)
