@@ -596,9 +596,9 @@ class ShmTransport(Transport):
         if req.seg == VIA_MPI:
             req.mpi, req.tmp = self._mpi_in[req.peer].pop(key)
         if req.nbytes != req.buf.nbytes:
-            req.error = MismatchError(f"rank {self.rank}: message from rank {self.ranks[req.peer]} "
+            req.error = MismatchError(f"rank {self.rank}: a message from rank {self.ranks[req.peer]} "
                                       f"(tag {req.tag}) has {req.nbytes} bytes, the receive expected "
-                                      f"{req.buf.nbytes}")
+                                      f"{req.buf.nbytes} (do the ranks agree on the count?)")
             if req.mpi is not None:   # its MPI receive must still finish, or the sender's never does
                 self._orphans.append(req.mpi)
             self._finish(req)
