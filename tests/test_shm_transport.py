@@ -227,3 +227,24 @@ def test_selector_prices_shared_memory_inside_and_mpi_between_nodes():
     """The selector reads the routed transport's peers: shared memory inside, MPI between nodes."""
     out = run_mpi(4, "shm_routes.py", env={"RINGCOMM_TIMEOUT": "60"}).stdout
     assert re.findall(r"routes (\([^)]*\))", out) == ["('shm', 'mpi')"] * 4, out
+
+
+@pytest.mark.parametrize("scenario,how", [("late", "arg"), ("late", "env"), ("allocate", "env")])
+def test_the_communicator_timeout_bounds_the_shm_handshakes(scenario, how, tmp_path):
+    """init(timeout=2) or RINGCOMM_TIMEOUT=2 bounds setup and allocate handshakes (issue 11,
+    defect 4). Before, a rank waiting for a late node rank 0 sat in an unbounded broadcast."""
+    run_mpi(3, "shm_setup_timeout.py", tmp_path, scenario, how,
+            env={"RINGCOMM_TIMEOUT": "2" if how == "env" else "60"}, timeout=120)
+    seen = {}
+    for path in tmp_path.glob("rank*.txt"):
+        rank, took, outcome = re.match(r"rank (\d+) after ([\d.]+) s: (.*)", path.read_text()).groups()
+        seen[int(rank)] = (float(took), outcome)
+    assert sorted(seen) == [0, 1, 2], seen
+    for rank, (took, outcome) in seen.items():
+        if scenario == "allocate" and rank == 1:
+            assert outcome == "ok", outcome   # it never called allocate
+            continue
+        assert outcome.startswith("CommTimeoutError: shm transport on rank") and "timed out after 2 s" in outcome, outcome
+        assert 2.0 <= took < 4.0, (rank, took, outcome)
+        if scenario == "allocate":
+            assert "handshake #4 (allocate)" in outcome and "ranks [1] have not reached it" in outcome, outcome
