@@ -248,3 +248,11 @@ def test_the_communicator_timeout_bounds_the_shm_handshakes(scenario, how, tmp_p
         assert 2.0 <= took < 4.0, (rank, took, outcome)
         if scenario == "allocate":
             assert "handshake #4 (allocate)" in outcome and "ranks [1] have not reached it" in outcome, outcome
+
+
+def test_segments_shared_by_name_where_descriptors_cannot_be_opened():
+    proc = run_mpi(3, "shm_fd_denied.py", 1, env={"RINGCOMM_DEBUG": "info"})
+    assert sorted(re.findall(r"rank (\d) by_fd=False ok", proc.stdout)) == ["0", "1", "2"], proc.stdout
+    said = re.findall(r"rank \d: the ranks of this node cannot open each other's segments through "
+                      r"/proc/<pid>/fd; they share them by name", proc.stderr)
+    assert len(said) == 3, proc.stderr

@@ -12,7 +12,6 @@ import os
 import sys
 import time
 
-import numpy as np
 from mpi4py import MPI
 
 import ringcomm

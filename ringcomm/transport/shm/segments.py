@@ -1,21 +1,30 @@
 """Shared-memory segments: files in /dev/shm that every rank of a node maps, and their lifetime.
 
 A segment is created by its owner (``create``: O_CREAT | O_EXCL, mode 0600, the space reserved
-with posix_fallocate), mapped by every peer (``open_peer``) and unlinked by its owner as soon as
-every peer has mapped it; from then on only the mappings keep the memory, and /dev/shm holds
-nothing of ringcomm's.
+with posix_fallocate) and mapped by every peer. Two ways to share it, chosen per node:
+
+- **by descriptor** (the default): the owner unlinks its file right after creating it and keeps
+  the descriptor; peers open ``/proc/<owner pid>/fd/<fd>`` (``open_by_fd``) and check that it is
+  the inode the owner announced. The name exists for two system calls, so a job killed at any
+  moment leaves nothing in /dev/shm. Opening another process's descriptor needs the same
+  permission as reading its /proc entries (same user; no ``hidepid``); where a node lacks it,
+  the transport falls back to
+- **by name**: peers open the file by name (``open_peer``) and the owner unlinks it once every
+  peer has mapped it. Between creation and unlink (two node-wide handshakes) a job killed there
+  cannot unlink its files; ``sweep`` removes them at the next job's start.
+
+From then on only the mappings keep the memory, and /dev/shm holds nothing of ringcomm's.
 
 Why posix_fallocate: a tmpfs file sized with ftruncate has no pages yet; the first write to a
 page that /dev/shm cannot supply (Docker's default is 64 MiB) kills the process with SIGBUS.
 Reserving every page at creation turns that into ENOSPC, which the transport can handle: shrink
 the staging pool, fall back to private memory, or raise a CommError that says what to do.
 
-Names carry their owner: ``ringcomm-<owner pid>-<pid namespace>-<token>-<segment id>``. Between
-creation and unlink (the node-wide handshakes of transport.py) a file exists by name, and a job
-killed in that window cannot unlink it. ``sweep`` (run by every transport at start) removes the
-files of this user whose owner process is dead, in this pid namespace: the next job of the same
-user cleans up after a killed one. A pid that was reused keeps its file until that process ends;
-files of other namespaces or users are never touched.
+Names carry their owner: ``ringcomm-<owner pid>-<pid namespace>-<token>-<segment id>``. ``sweep``
+(run by every transport at start) removes the files of this user whose owner process is dead,
+in this pid namespace: the next job of the same user cleans up after a killed one. A pid that
+was reused keeps its file until that process ends; files of other namespaces or users are never
+touched.
 """
 from __future__ import annotations
 
@@ -68,29 +77,48 @@ class Segment:
         return self.addr <= addr and addr + nbytes <= self.addr + self.nbytes
 
 
-def create(path: str, nbytes: int) -> np.ndarray:
+def create(path: str, nbytes: int, keep_fd: bool = False):
     """Create ``path`` with ``nbytes`` reserved and map it; OSError (ENOSPC when /dev/shm is
-    short) leaves no file behind."""
+    short) leaves no file behind. With ``keep_fd`` the name is unlinked at once and the result
+    is (mapping, open descriptor, (st_dev, st_ino)) for peers to open by descriptor; else the
+    mapping alone, the name staying until ``unlink_quietly``."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        try:
-            os.posix_fallocate(fd, 0, nbytes)   # every page now, or ENOSPC now: never SIGBUS later
-        except OSError:
-            unlink_quietly(path)
-            raise
+        if keep_fd:
+            os.unlink(path)   # the only moment the name exists: these two calls
+        os.posix_fallocate(fd, 0, nbytes)   # every page now, or ENOSPC now: never SIGBUS later
         mm = mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-    finally:
+    except BaseException:
+        os.close(fd)
+        unlink_quietly(path)
+        raise
+    data = np.frombuffer(mm, dtype=np.uint8)
+    if not keep_fd:
         os.close(fd)   # the mapping keeps the memory; the descriptor is not needed
-    return np.frombuffer(mm, dtype=np.uint8)
+        return data
+    st = os.fstat(fd)
+    return data, fd, (st.st_dev, st.st_ino)
+
+
+def open_by_fd(pid: int, fd: int, nbytes: int, identity: tuple) -> np.ndarray:
+    """Map the segment process ``pid`` holds open as ``fd``; OSError if it cannot be opened or
+    is not the inode ``identity`` (st_dev, st_ino) its owner announced (another pid namespace)."""
+    return _map_checked(f"/proc/{pid}/fd/{fd}", nbytes, identity)
 
 
 def open_peer(path: str, nbytes: int) -> np.ndarray:
-    """Map a peer's segment of ``nbytes``; OSError if it is missing or shorter than that."""
+    """Map a peer's segment of ``nbytes`` by name; OSError if it is missing or shorter."""
+    return _map_checked(path, nbytes, None)
+
+
+def _map_checked(path: str, nbytes: int, identity) -> np.ndarray:
     fd = os.open(path, os.O_RDWR)
     try:
-        size = os.fstat(fd).st_size
-        if size < nbytes:
-            raise OSError(errno.EINVAL, f"{path} holds {size} bytes, its owner announced {nbytes}")
+        st = os.fstat(fd)
+        if identity is not None and (st.st_dev, st.st_ino) != tuple(identity):
+            raise OSError(errno.ESTALE, f"{path} is not the segment its owner announced")
+        if st.st_size < nbytes:
+            raise OSError(errno.EINVAL, f"{path} holds {st.st_size} bytes, its owner announced {nbytes}")
         mm = mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
     finally:
         os.close(fd)

@@ -61,6 +61,7 @@ HEADER_BYTES = 64
 WINDOW_SLOTS = 8          # one-shot window regions per rank (slot 0: ``transport.window``)
 PAYLOAD_TAG = 7           # the MPI tag of every payload over MPI (see the module docstring)
 TAG_LIMIT = 1 << 62
+_BY_NAME = object()       # _create_once: peers could not open segments by descriptor
 CONTROL = 0               # segment id of the control segment
 PAGE = 4096
 
@@ -145,6 +146,7 @@ class ShmTransport(Transport):
     (the communicator's timeout: ``ringcomm.init(timeout=)`` or RINGCOMM_TIMEOUT)."""
 
     name = "shm"
+    _by_fd = True   # share segments by descriptor (segments.py); False once the node cannot
 
     def __init__(self, node_comm, ranks, *, world_rank: int, world_size: int,
                  setup_timeout: float = 300.0):
@@ -294,20 +296,36 @@ class ShmTransport(Transport):
 
     def _create(self, created_kind: str, mapped_kind: str, sizes: list, phase: str,
                 prepare=None, on_mapped=None):
-        """Collective over the node: a new segment per rank, mapped by all, unlinked at once.
+        """Collective over the node: a new segment per rank, mapped by every rank.
 
-        Each rank creates its file at the first of ``sizes`` /dev/shm can hold. Returns
-        (own Segment, every rank's mapping in node-rank order, global ranks whose ``on_mapped``
-        flag was set), or None when some rank found /dev/shm too small for even the last size
-        (every rank returns None alike). Other failures raise CommError on every rank.
+        Each rank creates its file at the first of ``sizes`` /dev/shm can hold. Peers open it by
+        descriptor where the node allows it (no name left behind at any moment, segments.py),
+        else by name until every peer has mapped it. Returns (own Segment, every rank's mapping
+        in node-rank order, global ranks whose ``on_mapped`` flag was set), or None when some
+        rank found /dev/shm too small for even the last size (every rank returns None alike).
+        Other failures raise CommError on every rank.
         """
+        if self._by_fd:
+            created = self._create_once(created_kind, mapped_kind, sizes, phase, prepare, on_mapped, True)
+            if created is not _BY_NAME:
+                return created
+            self._by_fd = False
+            self._say("by name", f"shm transport on rank {self.rank}: the ranks of this node cannot open "
+                      f"each other's segments through /proc/<pid>/fd; they share them by name in "
+                      f"{segments.SHM_DIR} during setup and allocate, and files of a job killed at that "
+                      f"moment stay until the next job of this user starts")
+        return self._create_once(created_kind, mapped_kind, sizes, phase, prepare, on_mapped, False)
+
+    def _create_once(self, created_kind, mapped_kind, sizes, phase, prepare, on_mapped, by_fd: bool):
         seg_id = self._next_seg
         self._next_seg += 1
         mine = self._path(self.me, seg_id)
-        data, err, nbytes = None, None, 0
+        data, fd, identity, err, nbytes = None, -1, (0, 0), None, 0
         for size in sizes:
             try:
-                data, nbytes = segments.create(mine, size), size
+                made = segments.create(mine, size, keep_fd=by_fd)
+                data, fd, identity = made if by_fd else (made, -1, (0, 0))
+                nbytes = size
                 break
             except OSError as e:
                 err = e
@@ -319,7 +337,7 @@ class ShmTransport(Transport):
                 prepare(data)
             self._fire(phase)
             code = err.errno if data is None and err is not None else 0
-            failed, rows = self.node.agree(created_kind, data is None, nbytes, code)
+            failed, rows = self.node.agree(created_kind, data is None, nbytes, code, fd, *identity)
             if failed:
                 if all(rows[self.local[r], 1] == errno.ENOSPC for r in failed):
                     return None
@@ -327,24 +345,34 @@ class ShmTransport(Transport):
                                 f"segments on ranks {failed}" + (f": {mine}: {err}" if data is None else ""))
             views, map_err = [None] * self.n, None
             for i in range(self.n):
+                where = f"/proc/{self._pids[i]}/fd/{rows[i, 2]}" if by_fd else self._path(i, seg_id)
                 try:
-                    views[i] = data if i == self.me else segments.open_peer(self._path(i, seg_id), int(rows[i, 0]))
+                    if i == self.me:
+                        views[i] = data
+                    elif by_fd:
+                        views[i] = segments.open_by_fd(self._pids[i], int(rows[i, 2]), int(rows[i, 0]),
+                                                       (int(rows[i, 3]), int(rows[i, 4])))
+                    else:
+                        views[i] = segments.open_peer(where, int(rows[i, 0]))
                 except OSError as e:
-                    map_err = f"cannot map {self._path(i, seg_id)}: {e}"
+                    map_err = f"cannot map rank {self.ranks[i]}'s segment {where}: {e}"
                     break
             extra = on_mapped(views) if on_mapped is not None and map_err is None else (0,)
             failed, flags = self.node.agree(mapped_kind, map_err is not None, *extra)
+            if failed and by_fd:
+                return _BY_NAME   # every rank alike: try again by name
             if failed:
                 raise CommError(f"shm transport on rank {self.rank}: could not map each other's "
                                 f"segments on ranks {failed}" + (f": {map_err}" if map_err else ""))
             ok = True
-        finally:   # every peer has mapped it, or the creation failed: the names are not needed
+        finally:   # every peer has mapped it, or the creation failed: neither name nor descriptor is needed
+            if fd >= 0:
+                os.close(fd)
             segments.unlink_quietly(mine)
-            if not ok:   # a peer that died cannot unlink its own
+            if not ok and not by_fd:   # a peer that died cannot unlink its own
                 for i in self.others:
                     segments.unlink_quietly(self._path(i, seg_id))
-        seg = Segment(seg_id, data)
-        return seg, views, [self.ranks[i] for i in np.flatnonzero(flags[:, 0])]
+        return Segment(seg_id, data), views, [self.ranks[i] for i in np.flatnonzero(flags[:, 0])]
 
     def _register(self, seg: Segment, views: list) -> None:
         with self._lock:
