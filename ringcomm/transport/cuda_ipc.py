@@ -30,7 +30,6 @@ import numpy as np
 
 from ..errors import CommError
 from .shm import Segment, ShmTransport, staging
-from .shm.transport import PAYLOAD_TAG
 
 _LAZY_PEER_ACCESS = 1   # cudaIpcMemLazyEnablePeerAccess
 
@@ -62,6 +61,7 @@ def _device_view(cupy, ptr: int, nbytes: int, owner):
 
 class CudaIpcTransport(ShmTransport):
     name = "cuda_ipc"
+    payload_tag = 8   # it shares the node communicator with the host shm transport
 
     def __init__(self, node_comm, ranks, *, world_rank: int, world_size: int,
                  setup_timeout: float = 300.0):
@@ -144,7 +144,7 @@ class CudaIpcTransport(ShmTransport):
     def _send_outside(self, req) -> None:
         """MPI here reads host memory only: bounce the payload through a host copy."""
         req.keep = self.cupy.asnumpy(req.buf.reshape(-1).view(self.cupy.uint8))
-        req.mpi = self.comm.Isend(req.keep, dest=req.peer, tag=PAYLOAD_TAG)
+        req.mpi = self.comm.Isend(req.keep, dest=req.peer, tag=self.payload_tag)
 
     def _from_host(self, tmp):
         return self.cupy.asarray(tmp)

@@ -18,7 +18,7 @@ descriptor rings, WINDOW_SLOTS one-shot window regions, then its staging pool; t
 to what /dev/shm can hold), maps every peer's, test-reads a peer's memory by CMA, and agrees.
 After setup only ``allocate`` runs a handshake.
 
-Payloads over MPI all use one MPI tag (PAYLOAD_TAG) per pair, whatever their ringcomm tag (tags
+Payloads over MPI all use one MPI tag (``payload_tag``) per pair, whatever their ringcomm tag (tags
 reach 2**62; MPICH's bound is 2**29): the sender starts its MPI send at the moment it publishes
 the descriptor, the receiver posts its MPI receive when it discovers the descriptor, both under
 the transport's lock and in PUB order, so MPI's non-overtaking rule pairs the k-th payload with
@@ -59,10 +59,8 @@ _log = logging.getLogger("ringcomm.shm")
 ABORT, PID, PROBE_ADDR, PROBE_VALUE, HANDSHAKES = range(5)   # control header words
 HEADER_BYTES = 64
 WINDOW_SLOTS = 8          # one-shot window regions per rank (slot 0: ``transport.window``)
-PAYLOAD_TAG = 7           # the MPI tag of every payload over MPI (see the module docstring)
 TAG_LIMIT = 1 << 62
 _BY_NAME = object()       # _create_once: peers could not open segments by descriptor
-CONTROL = 0               # segment id of the control segment
 PAGE = 4096
 
 
@@ -146,6 +144,7 @@ class ShmTransport(Transport):
     (the communicator's timeout: ``ringcomm.init(timeout=)`` or RINGCOMM_TIMEOUT)."""
 
     name = "shm"
+    payload_tag = 7   # the MPI tag of every payload over MPI (module docstring); one per transport kind
     _by_fd = True   # share segments by descriptor (segments.py); False once the node cannot
 
     def __init__(self, node_comm, ranks, *, world_rank: int, world_size: int,
@@ -493,10 +492,10 @@ class ShmTransport(Transport):
             req.seg = EMPTY
         else:
             addr = address(buf)
-            found = self._locate(addr, nbytes)
+            found = self._locate(addr, nbytes) if buf.flags.c_contiguous else None   # peers read one range
             if found is not None:
                 req.seg, req.off = found
-            elif self._staged and self._read_by_cma(addr, nbytes):
+            elif self._staged and buf.flags.c_contiguous and self._read_by_cma(addr, nbytes):
                 req.seg, req.off = CMA, addr
             else:
                 outcome = self.pool.admit(req.peer, req) if self.pool is not None else staging.OVERFLOW
@@ -555,7 +554,7 @@ class ShmTransport(Transport):
             seg, _, nbytes = inc.fields(slot)
             if seg == VIA_MPI:
                 tmp = np.empty(nbytes, np.uint8)
-                self._mpi_in[p][inc.key(slot)] = (self.comm.Irecv(tmp, source=p, tag=PAYLOAD_TAG), tmp)
+                self._mpi_in[p][inc.key(slot)] = (self.comm.Irecv(tmp, source=p, tag=self.payload_tag), tmp)
 
     def progress(self) -> None:
         """Place sends waiting for pool room, publish what waits for a slot, return pool space
@@ -723,7 +722,7 @@ class ShmTransport(Transport):
 
     def _send_outside(self, req: _Send) -> None:
         """Start the MPI send of a payload over MPI (lock held)."""
-        req.mpi = self.comm.Isend(_bytes(req.buf), dest=req.peer, tag=PAYLOAD_TAG)
+        req.mpi = self.comm.Isend(_bytes(req.buf), dest=req.peer, tag=self.payload_tag)
 
     def _from_host(self, tmp: np.ndarray):
         return tmp
