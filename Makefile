@@ -28,10 +28,11 @@ test: setup
 # Every result checked, bitwise equal across ranks; then /dev/shm must hold nothing of ringcomm's.
 SOAK_CALLS ?= 30000
 soak: setup
-	unshare -m sh -c 'mount -t tmpfs -o size=64m tmpfs /dev/shm && \
-	  PATH=$(CURDIR)/$(VENV)/bin:$$PATH PYTHONPATH=$(CURDIR) RINGCOMM_TIMEOUT=300 \
-	  mpirun -n 4 $(CURDIR)/$(PY) tests/mpi_jobs/soak.py $(SOAK_CALLS) 7 && \
-	  left=$$(ls /dev/shm | grep ringcomm); echo "left in /dev/shm: $${left:-nothing}"; test -z "$$left"'
+	unshare -m sh -c 'mount -t tmpfs -o size=64m tmpfs /dev/shm || exit 1; \
+	  PATH=$(abspath $(VENV))/bin:$$PATH PYTHONPATH=$(CURDIR) RINGCOMM_TIMEOUT=300 \
+	  mpirun -n 4 $(abspath $(PY)) tests/mpi_jobs/soak.py $(SOAK_CALLS) 7; rc=$$?; \
+	  left=$$(ls /dev/shm | grep ringcomm); echo "left in /dev/shm: $${left:-nothing}"; \
+	  test $$rc -eq 0 && test -z "$$left"'
 
 clean:
 	rm -rf $(VENV) build *.egg-info
