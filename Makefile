@@ -1,12 +1,13 @@
 # Two entry points that work on a fresh machine with only Python 3.11 and make:
 #   make demo   set up .venv if needed, then train a small transformer with DDP under mpirun -n 2
 #   make test   set up .venv if needed, then run the whole test suite
+#   make soak   30,000 random collectives on 4 ranks in a 64 MiB /dev/shm (needs root for unshare)
 PYTHON ?= python3
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed
 
-.PHONY: setup demo test clean
+.PHONY: setup demo test soak clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +24,15 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -q -ra
+
+# Every result checked, bitwise equal across ranks; then /dev/shm must hold nothing of ringcomm's.
+SOAK_CALLS ?= 30000
+soak: setup
+	unshare -m sh -c 'mount -t tmpfs -o size=64m tmpfs /dev/shm || exit 1; \
+	  PATH=$(abspath $(VENV))/bin:$$PATH PYTHONPATH=$(CURDIR) RINGCOMM_TIMEOUT=300 \
+	  mpirun -n 4 $(abspath $(PY)) tests/mpi_jobs/soak.py $(SOAK_CALLS) 7; rc=$$?; \
+	  left=$$(ls /dev/shm | grep ringcomm); echo "left in /dev/shm: $${left:-nothing}"; \
+	  test $$rc -eq 0 && test -z "$$left"'
 
 clean:
 	rm -rf $(VENV) build *.egg-info

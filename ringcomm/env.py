@@ -75,6 +75,11 @@ def _text(text: str) -> str:
     return text
 
 
+def _fault(text: str):
+    from .diagnostics.faults import parse
+    return parse(text)
+
+
 @dataclass(frozen=True)
 class Variable:
     name: str
@@ -113,12 +118,18 @@ VARIABLES = {v.name: v for v in (
     Variable("RINGCOMM_SHM_CMA_MIN", "bytes >= 0, like 65536, 64K, 32M", "(measured, else 32M)",
              "collectives at least this large read by CMA, smaller ones copy through shared memory",
              parse_size),
+    Variable("RINGCOMM_SHM_POOL", "bytes >= 0, like 1M, 4M", "4M (less when /dev/shm is small)",
+             "staging pool share per peer on the node: sends from private memory that peers cannot "
+             "read in place are copied there; larger messages go over MPI", parse_size),
     Variable("RINGCOMM_SHM_UNSAFE_ORDERING", "a boolean: 1/0, true/false, yes/no, on/off", "0",
              "run the shm transport on a CPU without x86 store ordering (unsupported)", _bool, False),
     Variable("RINGCOMM_TUNING_FILE", "a path", "~/.cache/ringcomm/tuning.json",
              "the tuning file ringcomm.tune writes and the selector reads", _text),
     Variable("RINGCOMM_TIMELINE", "a path", "(none)",
              "write a Chrome trace per rank of DDP's compute and communication", _text),
+    Variable("RINGCOMM_FAULT", "phase:rank:signal, e.g. ring:1:KILL (diagnostics/faults.py)", "(none)",
+             "testing only: send the signal (KILL, TERM, STOP) to that rank when it reaches the phase",
+             _fault),
 )}
 
 

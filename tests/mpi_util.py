@@ -17,6 +17,16 @@ def mpirun_path() -> str:
     return str(candidate) if candidate.exists() else "mpirun"
 
 
+def mpi_env(env: dict | None = None) -> dict:
+    """The environment of a job: this checkout first on PYTHONPATH, a 60 s RINGCOMM_TIMEOUT
+    unless the caller's environment sets one, then ``env``."""
+    full_env = dict(os.environ)
+    full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), full_env.get("PYTHONPATH")]))
+    full_env.setdefault("RINGCOMM_TIMEOUT", "60")
+    full_env.update(env or {})
+    return full_env
+
+
 def run_mpi(n: int, script, *args, env: dict | None = None, timeout: float = 180,
             check: bool = True) -> subprocess.CompletedProcess:
     """Run ``mpirun -n n python script args`` and return the finished process.
@@ -27,10 +37,7 @@ def run_mpi(n: int, script, *args, env: dict | None = None, timeout: float = 180
     path = Path(script)
     if not path.is_absolute():
         path = JOBS / path
-    full_env = dict(os.environ)
-    full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), full_env.get("PYTHONPATH")]))
-    full_env.setdefault("RINGCOMM_TIMEOUT", "60")
-    full_env.update(env or {})
+    full_env = mpi_env(env)
     cmd = [mpirun_path(), "-n", str(n), sys.executable, str(path), *map(str, args)]
     try:
         proc = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)

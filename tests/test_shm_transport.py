@@ -1,10 +1,10 @@
 """The shared-memory transport under real mpirun jobs: collectives, routing, p2p, failures.
 
-Each job prints its segment-name prefix; afterwards /dev/shm must hold no file with it, even
-when a rank was SIGKILLed (segments are unlinked as soon as every peer has mapped them).
+Afterwards /dev/shm must hold no file of the job, even when a rank was SIGKILLed (segments are
+unlinked as soon as every peer has mapped them).
 
-Private arrays are read with CMA (process_vm_readv) where the machine allows it, as this one
-does; the jobs run both that and the staging copy (RINGCOMM_SHM_CMA=0).
+Private arrays of large collectives are read with CMA (process_vm_readv) where the machine
+allows it, as this one does; the jobs run both that and the staging pool (RINGCOMM_SHM_CMA=0).
 """
 import ctypes
 import errno
@@ -20,6 +20,7 @@ import pytest
 from mpi_util import run_mpi
 from ringcomm.errors import CommError
 from ringcomm.transport import shm
+from ringcomm.transport.shm import cma, segments
 
 pytestmark = pytest.mark.mpi
 
@@ -42,8 +43,8 @@ def direct_reads(out: str, n: int) -> set:
     return set(found.values())
 
 
-# "cma": every collective read by CMA, however small (the default floor would stage the
-# small ones these jobs run); "staged": CMA off.
+# "cma": every collective read by CMA, however small (the default floor would send the small
+# ones these jobs run through the staging pool); "staged": CMA off.
 CMA_ON_OFF = {"cma": {"RINGCOMM_SHM_CMA_MIN": "0"}, "staged": {"RINGCOMM_SHM_CMA": "0"}}
 EXPECT_READS = {"cma": "cma", "staged": "off: RINGCOMM_SHM_CMA=0"}
 
@@ -147,7 +148,7 @@ def test_read_process_continues_after_a_short_read(monkeypatch):
         ctypes.memmove(local._obj.base, remote._obj.base, n)
         calls.append(n)
         return n
-    monkeypatch.setattr(shm, "_process_vm_readv", three_bytes_at_a_time)
+    monkeypatch.setattr(cma, "_process_vm_readv", three_bytes_at_a_time)
     src, dst = np.arange(20, dtype=np.uint8), np.zeros(20, np.uint8)
     shm.read_process(os.getpid(), src.ctypes.data, dst.ctypes.data, 20)
     assert np.array_equal(src, dst) and len(calls) == 7
@@ -157,11 +158,10 @@ def test_a_failed_read_names_the_peer_errno_address_and_size(monkeypatch):
     def fault(*args):
         ctypes.set_errno(errno.EFAULT)
         return -1
-    monkeypatch.setattr(shm, "_process_vm_readv", fault)
-    t = shm.ShmTransport.__new__(shm.ShmTransport)   # just what _pull reads
-    t.rank, t.ranks, t._pids = 0, [0, 5], [os.getpid(), 4321]
+    monkeypatch.setattr(cma, "_process_vm_readv", fault)
+    reader = cma.Reader(0, [0, 5], [os.getpid(), 4321])
     with pytest.raises(CommError, match=r"rank 0: cannot read 8 bytes at 0x1000 of rank 5 \(pid 4321\): EFAULT"):
-        t._pull(1, 0x1000, np.zeros(1, np.int64))
+        reader.pull(1, 0x1000, np.zeros(1, np.int64))
 
 
 def test_timeout_is_an_error_not_a_hang():
@@ -171,22 +171,55 @@ def test_timeout_is_an_error_not_a_hang():
 def test_sigkill_leaves_nothing_in_dev_shm():
     proc = run_mpi(2, "shm_sigkill.py", check=False, timeout=120)
     assert proc.returncode != 0
-    jobs = re.findall(r"job (ringcomm-\d+-[0-9a-f]+)", proc.stdout)
-    assert len(jobs) == 1, proc.stdout + proc.stderr
-    assert leftovers(jobs[0]) == []
+    owners = re.findall(r"owner (ringcomm-\d+-)", proc.stdout)
+    assert len(owners) == 2, proc.stdout + proc.stderr
+    assert [f for owner in owners for f in leftovers(owner)] == []
 
 
-def test_segments_are_owner_only():
-    path = f"{shm.SHM_DIR}/{shm.PREFIX}test-{os.getpid()}"
+def test_segments_are_owner_only_and_reserve_their_space():
+    path = segments.segment_path(os.getpid(), segments.pid_namespace(), 0xabc, 7)
     try:
-        data = shm._map(path, 4096, create=True)
+        data = segments.create(path, 4096)
         assert os.stat(path).st_mode & 0o777 == 0o600
+        assert os.stat(path).st_blocks * 512 >= 4096   # allocated now (fallocate), not on first write
         data[:3] = [1, 2, 3]
-        assert list(shm._map(path, 4096, create=False)[:3]) == [1, 2, 3]
+        assert list(segments.open_peer(path, 4096)[:3]) == [1, 2, 3]
         with pytest.raises(FileExistsError):   # names are never reused
-            shm._map(path, 4096, create=True)
+            segments.create(path, 4096)
+        with pytest.raises(OSError, match="holds 4096 bytes, its owner announced 8192"):
+            segments.open_peer(path, 8192)   # never "mmap length is greater than file size"
     finally:
         os.unlink(path)
+
+
+def test_a_segment_dev_shm_cannot_hold_is_enospc_and_leaves_no_file(monkeypatch):
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    path = segments.segment_path(os.getpid(), segments.pid_namespace(), 0xabd, 1)
+    with pytest.raises(OSError) as err:
+        segments.create(path, 1 << 20)
+    assert err.value.errno == errno.ENOSPC and not os.path.exists(path)
+
+
+def test_sweep_removes_files_of_dead_owners_only():
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    ns = segments.pid_namespace()
+    paths = {"dead": segments.segment_path(int(dead), ns, 1, 0),
+             "alive": segments.segment_path(os.getpid(), ns, 1, 0),
+             "other namespace": segments.segment_path(int(dead), ns + 1, 1, 0),
+             "not ours": f"{segments.SHM_DIR}/{segments.PREFIX}notaname"}
+    try:
+        for p in paths.values():
+            open(p, "w").close()
+        removed = segments.sweep()
+        assert paths["dead"] in removed and not os.path.exists(paths["dead"])
+        for kept in ("alive", "other namespace", "not ours"):
+            assert os.path.exists(paths[kept]), kept
+    finally:
+        for p in paths.values():
+            segments.unlink_quietly(p)
 
 
 @pytest.mark.mpi
@@ -194,3 +227,32 @@ def test_selector_prices_shared_memory_inside_and_mpi_between_nodes():
     """The selector reads the routed transport's peers: shared memory inside, MPI between nodes."""
     out = run_mpi(4, "shm_routes.py", env={"RINGCOMM_TIMEOUT": "60"}).stdout
     assert re.findall(r"routes (\([^)]*\))", out) == ["('shm', 'mpi')"] * 4, out
+
+
+@pytest.mark.parametrize("scenario,how", [("late", "arg"), ("late", "env"), ("allocate", "env")])
+def test_the_communicator_timeout_bounds_the_shm_handshakes(scenario, how, tmp_path):
+    """init(timeout=2) or RINGCOMM_TIMEOUT=2 bounds setup and allocate handshakes (issue 11,
+    defect 4). Before, a rank waiting for a late node rank 0 sat in an unbounded broadcast."""
+    run_mpi(3, "shm_setup_timeout.py", tmp_path, scenario, how,
+            env={"RINGCOMM_TIMEOUT": "2" if how == "env" else "60"}, timeout=120)
+    seen = {}
+    for path in tmp_path.glob("rank*.txt"):
+        rank, took, outcome = re.match(r"rank (\d+) after ([\d.]+) s: (.*)", path.read_text()).groups()
+        seen[int(rank)] = (float(took), outcome)
+    assert sorted(seen) == [0, 1, 2], seen
+    for rank, (took, outcome) in seen.items():
+        if scenario == "allocate" and rank == 1:
+            assert outcome == "ok", outcome   # it never called allocate
+            continue
+        assert outcome.startswith("CommTimeoutError: shm transport on rank") and "timed out after 2 s" in outcome, outcome
+        assert 2.0 <= took < 4.0, (rank, took, outcome)
+        if scenario == "allocate":
+            assert "handshake #4 (allocate)" in outcome and "ranks [1] have not reached it" in outcome, outcome
+
+
+def test_segments_shared_by_name_where_descriptors_cannot_be_opened():
+    proc = run_mpi(3, "shm_fd_denied.py", 1, env={"RINGCOMM_DEBUG": "info"})
+    assert sorted(re.findall(r"rank (\d) by_fd=False ok", proc.stdout)) == ["0", "1", "2"], proc.stdout
+    said = re.findall(r"rank \d: the ranks of this node cannot open each other's segments through "
+                      r"/proc/<pid>/fd; they share them by name", proc.stderr)
+    assert len(said) == 3, proc.stderr

@@ -4,7 +4,7 @@ receives block r of every rank's x into out, in rank order.
 Even (no splits): x and out hold size equal blocks. Uneven, like torch's all_to_all_single:
 ``in_splits[j]`` elements of x go to rank j, ``out_splits[j]`` elements of out come from rank j
 (zeros allowed; what rank i sends to j must equal what j expects from i, or both raise
-MismatchError: message lengths are checked). x is never changed. Vector: x (count = its elements).
+MismatchError: message lengths are checked). Pass splits on every rank or on none. x is never changed. Vector: x (count = its elements).
 Bus bandwidth factor (n-1)/n (nccl-tests). MPI: MPI_Ialltoallv. torch.distributed:
 ProcessGroup.alltoall_base.
 """
@@ -34,8 +34,10 @@ class AllToAll(Collective):
         elements(self.name, "x", xb, sum(sends))
         elements(self.name, "out", ob, sum(recvs))
         disjoint(self.name, ob, xb)
-        return Call(self, xb, ob, dtype=xb.dtype, count=xb.numel, result=out, counts=sends,
+        call = Call(self, xb, ob, dtype=xb.dtype, count=xb.numel, result=out, counts=sends,
                     recv_counts=recvs, in_place=False)
+        call.uneven = in_splits is not None or out_splits is not None
+        return call
 
     def _splits(self, splits, argument: str, buf, n: int) -> tuple:
         if splits is not None:
@@ -46,12 +48,14 @@ class AllToAll(Collective):
         return (buf.numel // n,) * n
 
     def is_uneven(self, call):
-        return len(set(call.counts)) > 1 or call.counts != call.recv_counts
+        # Whether splits were passed, not whether they differ: that is what every rank agrees on
+        # (each knows only its own row of the split matrix), so every rank picks the same algorithm.
+        return call.uneven
 
     def envelope_count(self, call):
         # What the ranks agree on: the block of an even call; uneven calls differ per rank, and
         # there the message lengths (checked on every receive) catch disagreements.
-        return 0 if self.is_uneven(call) else call.counts[0]
+        return 0 if call.uneven else call.counts[0]
 
     def reference(self, inputs, in_splits=None):
         """``in_splits[i]``: the splits rank i used (None: even)."""

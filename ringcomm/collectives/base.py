@@ -26,7 +26,7 @@ from ..errors import bad_type, bad_value
 class Call:
     """One call of a collective, as ``prepare`` left it (slotted: one is built per call)."""
     __slots__ = ("collective", "inp", "out", "dtype", "op", "factor", "root", "count", "counts",
-                 "recv_counts", "in_place", "writable", "result", "peer", "tag", "source")
+                 "recv_counts", "in_place", "writable", "result", "peer", "tag", "source", "uneven")
 
     def __init__(self, collective: "Collective", inp: Optional[Buffer], out: Optional[Buffer], *,
                  dtype: Optional[DType], count: int, result=None, op: Optional[ReduceOp] = None,
@@ -37,10 +37,18 @@ class Call:
         # writable: the input may be overwritten (it becomes the result, as in an in-place all_reduce)
         self.counts, self.recv_counts, self.in_place, self.writable = counts, recv_counts, in_place, writable
         self.peer = self.tag = self.source = None
+        self.uneven = False   # all_to_all: splits were passed (every rank passes them, or none does)
 
     @property
     def name(self) -> str:
         return self.collective.name
+
+    def copy(self) -> "Call":
+        """A fresh call on the same buffers (before() may rebind a call's input: premul scaling)."""
+        twin = Call.__new__(Call)
+        for slot in Call.__slots__:
+            setattr(twin, slot, getattr(self, slot))
+        return twin
 
     @property
     def device(self) -> str:

@@ -19,13 +19,17 @@ Ordering across processes uses stream synchronisation, which needs no extra IPC 
 The host flags themselves follow shm.py's memory-ordering argument (x86 TSO). shm.py's direct
 reads of a peer's private memory (CMA) are off here: the payload is always in device segments.
 
-cupy is imported lazily: importing this module never needs a GPU. Buffers outside every device
-segment are refused (MPI here is not CUDA-aware); the executor only sends from staged arrays.
+Sends from device memory outside every registered segment are copied into the rank's staging
+pool, which here is a device segment (shm/staging.py decides when a send waits for room); a
+payload that goes over MPI (larger than a pool share, or no room) is bounced through host memory,
+since MPI here is not CUDA-aware. cupy is imported lazily: importing this module never needs a GPU.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from ..errors import CommError
-from .shm import Segment, ShmTransport
+from .shm import Segment, ShmTransport, staging
 
 _LAZY_PEER_ACCESS = 1   # cudaIpcMemLazyEnablePeerAccess
 
@@ -57,6 +61,7 @@ def _device_view(cupy, ptr: int, nbytes: int, owner):
 
 class CudaIpcTransport(ShmTransport):
     name = "cuda_ipc"
+    payload_tag = 8   # it shares the node communicator with the host shm transport
 
     def __init__(self, node_comm, ranks, *, world_rank: int, world_size: int,
                  setup_timeout: float = 300.0):
@@ -71,7 +76,23 @@ class CudaIpcTransport(ShmTransport):
         return "device memory: process_vm_readv reads host memory only"
 
     # ---- device segments ---------------------------------------------------------------------
-    def _new_data_segment(self, nbytes: int) -> Segment:
+    def _choose_share(self, free, layout) -> tuple:
+        share = staging.share_size(self.n - 1, staging.SHARE_BYTES, None, staging.POOL_CAP)
+        return share, share   # device memory: /dev/shm's free space does not limit it
+
+    def _host_pool_bytes(self, share: int) -> int:
+        return 0   # the pool is device memory (_pool_segment), not part of the host control segment
+
+    def _host_pool_share(self, pool_bytes: int, wanted: int) -> int:
+        return wanted   # device memory: the whole share, in its own segment
+
+    def _pool_segment(self, share: int, layout) -> tuple:
+        if not share:
+            return None, 0
+        seg = self._new_data_segment(share * len(self.others), register=False)
+        return seg, 0
+
+    def _new_data_segment(self, nbytes: int, register: bool = True) -> Segment:
         rt = self.cupy.cuda.runtime
         seg_id = self._next_seg
         self._next_seg += 1
@@ -81,18 +102,17 @@ class CudaIpcTransport(ShmTransport):
             handle = bytes(rt.ipcGetMemHandle(ptr))
         except Exception as e:  # CUDARuntimeError: out of memory, IPC unsupported, ...
             err = f"cannot export {nbytes} device bytes: {e}"
-        failed = self._agree(err is not None, f"allocate {nbytes}-byte device segments")
-        handles = self.comm.allgather(handle) if not failed else []
+        words = np.frombuffer(handle.ljust(64, b"\0")[:64], np.int64)   # a handle is 64 bytes
+        failed, rows = self.node.agree("device segment", err is not None, *words.tolist())
         opened = {}
         if not failed:
-            for i, h in enumerate(handles):
-                if i != self.me:
-                    try:
-                        opened[i] = rt.ipcOpenMemHandle(h, _LAZY_PEER_ACCESS)
-                    except Exception as e:
-                        err = f"cannot open the IPC handle of rank {self.ranks[i]}: {e}"
-                        break
-            failed = self._agree(err is not None, "open each other's device segments")
+            for i in self.others:
+                try:
+                    opened[i] = rt.ipcOpenMemHandle(rows[i].astype(np.int64).tobytes(), _LAZY_PEER_ACCESS)
+                except Exception as e:
+                    err = f"cannot open the IPC handle of rank {self.ranks[i]}: {e}"
+                    break
+            failed, _ = self.node.agree("device segment opened", err is not None)
         if failed:
             for p in opened.values():
                 rt.ipcCloseMemHandle(p)
@@ -102,25 +122,17 @@ class CudaIpcTransport(ShmTransport):
                             f"segments on ranks {failed}" + (f": {err}" if err else ""))
         self._malloced[seg_id] = ptr
         seg = Segment(seg_id, _device_view(self.cupy, ptr, nbytes, self))
-        self._own[seg_id] = seg
+        views = [None] * self.n
         for i, p in opened.items():
             self._opened[(i, seg_id)] = p
-            self._peers[(i, seg_id)] = _device_view(self.cupy, p, nbytes, self)
+            views[i] = _device_view(self.cupy, p, nbytes, self)
+        if register:
+            self._register(seg, views)
+        else:   # the staging pool: peers read it, this rank's sends never come from it
+            with self._lock:
+                for i in self.others:
+                    self._peers[(i, seg_id)] = views[i]
         return seg
-
-    def _release(self, seg: Segment) -> None:
-        """Collective: peers unmap it first, then the owner frees it."""
-        rt = self.cupy.cuda.runtime
-        self.cupy.cuda.Device().synchronize()
-        self._drop(seg)
-        for i in range(self.n):
-            p = self._opened.pop((i, seg.seg_id), None)
-            if p is not None:
-                rt.ipcCloseMemHandle(p)
-        self._agree(False, "unmap a superseded device segment")
-        ptr = self._malloced.pop(seg.seg_id, None)
-        if ptr:
-            rt.free(ptr)
 
     def _check_array(self, flat) -> None:
         if not is_device_array(flat):
@@ -129,9 +141,13 @@ class CudaIpcTransport(ShmTransport):
         if flat.nbytes:
             self.cupy.cuda.Device().synchronize()   # the caller's kernels finish before peers read
 
-    def _send_outside(self, buf, p: int, tag: int):
-        raise CommError(f"cuda_ipc transport on rank {self.rank}: a send to rank {self.ranks[p]} "
-                        f"from device memory outside every registered segment (stage it first)")
+    def _send_outside(self, req) -> None:
+        """MPI here reads host memory only: bounce the payload through a host copy."""
+        req.keep = self.cupy.asnumpy(req.buf.reshape(-1).view(self.cupy.uint8))
+        req.mpi = self.comm.Isend(req.keep, dest=req.peer, tag=self.payload_tag)
+
+    def _from_host(self, tmp):
+        return self.cupy.asarray(tmp)
 
     def _before_publish(self) -> None:
         self.cupy.cuda.get_current_stream().synchronize()

@@ -116,8 +116,17 @@ class RoutedTransport(Transport):
         routes = {i: (split_local if self.routes[m] is local else split_remote)
                   for i, m in enumerate(members) if i != me}
         sub = RoutedTransport(me, len(members), routes, [t for t in (split_local, split_remote) if t is not None])
-        sub.window = None   # windows for sub-communicators come with the shm transport's window slots
+        everyone_here = split_local is not None and all(t is split_local for t in routes.values())
+        sub.window = split_local.window if everyone_here else None
         return sub
+
+    def free_window_slots(self) -> int:
+        """The node transport's free window slots, where one node holds this whole communicator."""
+        local = self.node if self.node is not None else (self.transports[0] if self.transports else None)
+        free = getattr(local, "free_window_slots", None)
+        if free is None or not all(t is local for t in self.routes.values()):
+            return 0
+        return free()
 
     def abort(self, reason: BaseException) -> None:
         for t in self.transports + ([self._device] if self._device else []):

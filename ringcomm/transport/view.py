@@ -54,6 +54,10 @@ class TransportView(Transport):
         src, t, nbytes = found
         return self._index[src], t & ((1 << CONTEXT_SHIFT) - 1), nbytes
 
+    def free_window_slots(self) -> int:
+        free = getattr(self.base, "free_window_slots", None)
+        return 0 if free is None else free()
+
     def split(self, members, color, key, context, slot=None):
         parent = [self.members[m] for m in members] if members is not None else None
         return self.base.split(parent, color, key, context, slot)

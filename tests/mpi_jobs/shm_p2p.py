@@ -1,20 +1,24 @@
-"""Point-to-point over the shm transport itself: matching, queueing, fallback and errors.
+"""Point-to-point over the shm transport itself: matching, the staging pool, CMA, payloads over
+MPI, big tags, threads, window regions, mismatches, timeouts and aborts.
 
     RINGCOMM_TRANSPORT=shm mpirun -n N python shm_p2p.py
 
-Runs with direct reads of private memory (CMA) or, under RINGCOMM_SHM_CMA=0, the staging copy.
+Runs with direct reads of private memory (CMA) or, under RINGCOMM_SHM_CMA=0, without.
 """
 import shm_guard  # noqa: F401  (first: a failure on one rank ends the job)
+import threading
 import time
 
 import numpy as np
 from mpi4py import MPI
 
+from ringcomm.core.ops import DTYPES, ReduceOp, reducer
 from ringcomm.errors import MismatchError, PeerAbortedError
-from ringcomm.core.ops import ReduceOp, DTYPES, reducer
 from ringcomm.topology import discover
 from ringcomm.transport import factory
-from ringcomm.transport.shm import GROW_QUANTUM, SLOTS, ShmTransport
+from ringcomm.transport.shm import WINDOW_SLOTS, ShmTransport
+from ringcomm.transport.shm.rings import CMA, SLOTS, VIA_MPI
+from ringcomm.transport.window import region_bytes
 
 world = MPI.COMM_WORLD.Dup()
 routed = factory.build(world, discover(world), 60.0)
@@ -24,6 +28,12 @@ assert set(routed.describe().values()) == {"shm"}, routed.describe()
 rank, size = t.rank, t.size
 right, left = (rank + 1) % size, (rank - 1) % size
 add = reducer(ReduceOp.SUM, DTYPES["float64"])
+POOL = t._pool_seg.seg_id   # the segment staged sends are read from
+
+
+def both(r, s):
+    assert r.wait(30) and s.wait(30)
+
 
 # 1. Streams under several tags interleave; each receive gets exactly its message, even when
 #    waited in another order than posted, and more messages than slots are in flight.
@@ -33,86 +43,144 @@ buf[:n_msgs] = rank * 1000 + np.arange(n_msgs)
 recv = np.zeros(n_msgs)
 recvs = [t.irecv(recv[i:i + 1], left, tag=i % 3) for i in range(n_msgs)]
 sends = [t.isend(buf[i:i + 1], right, tag=i % 3) for i in range(n_msgs)]
+assert all(s.seg not in (POOL, VIA_MPI, CMA) for s in sends)   # read in place
 for r in reversed(recvs):
     assert r.wait(30)
 for s in sends:
     assert s.wait(30)
 assert np.array_equal(recv, left * 1000 + np.arange(n_msgs)), recv[:8]
 
-# 2. irecv_reduce reduces straight out of the sender's segment.
+# 2. irecv_reduce reduces straight out of the sender's segment, "own OP msg" when own is given.
 with t.stage((buf,)):   # lives in shared memory already: no copy
     acc = np.full(n_msgs, 0.5)
-    r = t.irecv_reduce(acc, left, 7, add, np.empty(n_msgs))
-    s = t.isend(buf[:n_msgs], right, 7)
-    assert r.wait(30) and s.wait(30)
-assert np.array_equal(acc, 0.5 + left * 1000 + np.arange(n_msgs))
+    both(t.irecv_reduce(acc, left, 7, add, np.empty(n_msgs)), t.isend(buf[:n_msgs], right, 7))
+    own = np.full(n_msgs, 2.0)
+    both(t.irecv_reduce(acc, left, 7, add, None, own=own), t.isend(buf[:n_msgs], right, 7))
+assert np.array_equal(acc, 2.0 + left * 1000 + np.arange(n_msgs))
 
-# 3. A staged ordinary array: peers read its sent ranges out of this process (CMA) or out of
-#    the staging shadow; receives land in it directly. 2.4 MiB halves: CMA reduces in chunks.
+# 3. A staged ordinary array of a collective at least cma_min_bytes: peers read its sent ranges
+#    out of this process (CMA) where the node allows it, else out of the staging pool. 2.4 MiB
+#    halves: CMA reduces in chunks, the pool takes it in pieces as the receiver frees them.
 half = 300_001
 plain = np.arange(2 * half, dtype=np.float64) + rank
+t.cma_min_bytes = 0
 with t.stage((plain,)):
     w = plain
-    r = t.irecv_reduce(w[half:], left, 8, add, np.empty(half))
+    r = t.irecv_reduce(w[half:], left, 8, add, None)
     s = t.isend(w[:half], right, 8)
-    assert r.wait(30) and s.wait(30)
+    both(r, s)
+    assert s.seg == (CMA if t.direct_reads == "cma" else VIA_MPI if half * 8 > t.pool_share else POOL), s.seg
     strided = np.zeros(2 * half)   # a receive buffer CMA cannot write in one go
-    r, s = t.irecv(strided[::2], left, 13), t.isend(w[half:], right, 13)
-    assert r.wait(30) and s.wait(30)
+    both(t.irecv(strided[::2], left, 13), t.isend(w[half:], right, 13))
     left_of_left = (left - 1) % size
     assert np.array_equal(strided[::2], np.arange(half, 2 * half) + left + np.arange(half) + left_of_left)
     assert not strided[1::2].any()
 assert np.array_equal(plain[half:], np.arange(half, 2 * half) + rank + np.arange(half) + left)
-if t.direct_reads == "cma":   # peers read the array itself: the staging segment never grows
-    assert t._staging.nbytes == GROW_QUANTUM, t._staging.nbytes
-else:
-    assert t._staging.nbytes >= plain.nbytes, t._staging.nbytes
 
-# 3b. Below the CMA floor a collective stages even where CMA works (a cache-sized copy beats
-#     pinning pages): the staging segment grows to shadow it. Every rank sets the same floor.
-if t.direct_reads == "cma":
-    t.cma_min_bytes = plain.nbytes + 8
-    got = np.zeros(half)
-    with t.stage((plain,)):
-        w = plain
-        r, s = t.irecv(got, left, 14), t.isend(w[:half], right, 14)
-        assert r.wait(30) and s.wait(30)
-    assert t._staging.nbytes >= plain.nbytes, t._staging.nbytes
-    assert np.array_equal(got, plain[:half] - rank + left)
-    t.cma_min_bytes = 0
+# 3b. Below the CMA floor a collective goes through the pool even where CMA works, and each
+#     rank decides that alone: here only even ranks lower their floor.
+t.cma_min_bytes = 0 if rank % 2 == 0 else plain.nbytes + 8
+small = plain[:1000]
+with t.stage((plain,)):
+    got = np.zeros(1000)
+    s = t.isend(small, right, 14)
+    both(t.irecv(got, left, 14), s)
+    assert s.seg == (CMA if t.direct_reads == "cma" and rank % 2 == 0 else POOL), s.seg
+assert np.array_equal(got, plain[:1000] - rank + left)
+t.cma_min_bytes = 1 << 60
 
-# 4. A buffer outside shared memory falls back to MPI, reduce included.
+# 4. A private array nobody staged goes through the pool; one larger than a share goes over MPI,
+#    reduce included; the pool is empty again once the receives are done.
 outside, into = np.full(1000, float(rank)), np.ones(1000)
-r, s = t.irecv_reduce(into, left, 9, add, np.empty(1000)), t.isend(outside, right, 9)
-assert r.wait(30) and s.wait(30)
-assert np.array_equal(into, np.full(1000, 1.0 + left))
+s = t.isend(outside, right, 9)
+both(t.irecv_reduce(into, left, 9, add, None), s)
+assert s.seg == POOL and np.array_equal(into, np.full(1000, 1.0 + left))
+big = t.pool_share // 8 + 3
+outside, into = np.full(big, float(rank)), np.ones(big)
+s = t.isend(outside, right, 9)
+both(t.irecv_reduce(into, left, 9, add, None), s)
+assert s.seg == VIA_MPI and np.array_equal(into, np.full(big, 1.0 + left))
+world.Barrier()
+t.progress()
+assert t.pool.shares[t.local[right]].used() == 0
 
-# 5. A size mismatch is an error on the receiver, not corruption.
-r, s = t.irecv(np.zeros(3), left, 10), t.isend(buf[:4], right, 10)
-try:
-    r.wait(30)
-    raise AssertionError("mismatch not detected")
-except MismatchError as err:
-    assert "4" in str(err) or "32" in str(err), err
-with t.stage((plain,)):   # from a staged array too: the peer's memory is not even read
-    w = plain
+# 5. Pool full: a stream waits for its own earlier messages to be acknowledged (in order), while
+#    another stream overflows over MPI instead of waiting behind it. Tags above 2**32 (context
+#    ids of sub-communicators) travel whole, over the pool and over MPI.
+quarter = t.pool_share // 4 // 8
+tag_a, tag_b = (5 << 33) | 17, (6 << 40) | 3
+parts = [np.full(quarter, float(100 * rank + k)) for k in range(12)]
+sends = [t.isend(p, right, tag_a) for p in parts]
+assert sum(s.num < 0 for s in sends) >= 4, "12 quarter-share messages must not all fit"
+other = t.isend(np.full(10, -1.0 - rank), right, tag_b)
+assert other.seg == VIA_MPI, other.seg
+got_other = np.zeros(10)
+assert t.irecv(got_other, left, tag_b).wait(30) and other.wait(30)
+assert np.array_equal(got_other, np.full(10, -1.0 - left))
+world.Barrier()   # every rank's stream is now waiting on its receiver
+outs = [np.zeros(quarter) for _ in parts]
+for k, o in enumerate(outs):
+    assert t.irecv(o, left, tag_a).wait(30)
+    assert np.all(o == 100 * left + k), (k, o[:2])
+for s in sends:
+    assert s.wait(30)
+world.Barrier()
+assert t.probe(left) is None   # nothing left over
+world.Barrier()
+
+# 6. Threads: four threads each run their own stream (pool, CMA-free) through the one transport.
+errors = []
+
+
+def stream(k):
+    try:
+        for i in range(200):
+            x = np.full(257 + k, float(rank * 10_000 + k * 1000 + i))
+            y = np.zeros(257 + k)
+            s, r = t.isend(x, right, 1000 + k), t.irecv(y, left, 1000 + k)
+            assert r.wait(30) and s.wait(30)
+            assert np.all(y == left * 10_000 + k * 1000 + i), (k, i, y[:2])
+    except BaseException as err:   # noqa: BLE001 (reported below)
+        errors.append(err)
+
+
+threads = [threading.Thread(target=stream, args=(k,)) for k in range(4)]
+for th in threads:
+    th.start()
+for th in threads:
+    th.join()
+assert not errors, errors
+
+# 7. Window regions: WINDOW_SLOTS per rank, each region_bytes long, distinct, shared.
+for slot in range(WINDOW_SLOTS):
+    regions = t.window_regions(slot)
+    assert len(regions) == t.n and all(r.nbytes == region_bytes() for r in regions)
+    regions[t.me][100] = 1 + slot
+world.Barrier()
+for slot in range(WINDOW_SLOTS):
+    assert t.window_regions(slot)[t.local[left]][100] == 1 + slot
+assert t.window is not None   # slot 0, over the whole job
+
+# 8. A size mismatch is an error on the receiver, not corruption, wherever the payload is.
+for source in ("segment", "pool", "mpi"):
+    payload = {"segment": buf[:4], "pool": np.ones(4), "mpi": np.ones(t.pool_share // 8 + 1)}[source]
     into = np.zeros(3)
-    r, s = t.irecv(into, left, 14), t.isend(w[:4], right, 14)
+    r, s = t.irecv(into, left, 10), t.isend(payload, right, 10)
     try:
         r.wait(30)
-        raise AssertionError("mismatch not detected")
+        raise AssertionError(f"mismatch from the {source} not detected")
     except MismatchError as err:
-        assert "32" in str(err), err
+        assert f"has {payload.nbytes} bytes, the receive expected 24" in str(err), err
     assert s.wait(30) and not into.any()
 world.Barrier()
 
-# 6. A receive nobody sends times out when asked to (False), and promptly.
+# 9. A receive nobody sends times out when asked to (False), and promptly.
 start = time.monotonic()
 assert t.irecv(np.zeros(1), left, 11).wait(0.3) is False
 assert time.monotonic() - start < 10
 world.Barrier()
 
-# 7. Abort on one rank releases a peer waiting on it.
+# 10. Abort on one rank releases a peer waiting on it.
 if rank == 1:
     t.abort(RuntimeError("test abort"))
     world.Barrier()

@@ -1,0 +1,144 @@
+"""Cross Memory Attach: a rank reads a peer's private array straight out of the peer's process.
+
+process_vm_readv (called through ctypes, which drops the GIL for the call) copies a range of
+another process's memory into this one: one copy per receive, where staging costs two (copy into
+the pool, then read from it). The kernel allows it only where the reader could attach a debugger
+to the peer anyway (same user, ptrace permitted), and the ranks of a node are already trusted
+with each other's 0600 segments, so it grants nothing a rank could not do already.
+
+Containers often forbid it (seccomp, ptrace rules: EPERM), so at setup every rank test-reads a
+random token from the next rank of the node (the token also catches ranks in other pid
+namespaces, where a pid names another process), and the node agrees: CMA for every pair, or for
+none ("off: <why>"). A ring of such reads crosses every boundary between groups of ranks that
+cannot read each other. RINGCOMM_SHM_CMA=0 turns it off.
+
+Whether a send is read by CMA is then the sender's own decision, per collective (see
+``min_bytes``): the descriptor says where the payload is, so ranks need not agree on it.
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import threading
+from typing import Optional
+
+import numpy as np
+
+from ... import env
+from ...errors import CommError
+from .segments import address
+
+CHUNK = 1 << 20          # bytes read per system call before reducing: stays in cache
+# Collectives smaller than this stage instead of reading by CMA: a cache-sized collective copies
+# fast, and process_vm_readv pins every page it reads, which then dominates (2 ranks here: the
+# ring at 256 KiB-16 MiB took 1.2-1.6x longer with CMA, at 64 MiB 0.75x; docs/transports.md).
+MIN_BYTES = 32 << 20
+
+
+class _IoVec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+def _load_process_vm_readv():
+    """libc's process_vm_readv, or None where there is none (not Linux, an old libc)."""
+    try:
+        f = ctypes.CDLL(None, use_errno=True).process_vm_readv
+    except (OSError, AttributeError):
+        return None
+    f.argtypes = [ctypes.c_int, ctypes.POINTER(_IoVec), ctypes.c_ulong,
+                  ctypes.POINTER(_IoVec), ctypes.c_ulong, ctypes.c_ulong]
+    f.restype = ctypes.c_ssize_t
+    return f
+
+
+_process_vm_readv = _load_process_vm_readv()
+
+
+def read_process(pid: int, addr: int, dst_addr: int, nbytes: int) -> None:
+    """Copy ``nbytes`` at ``addr`` in process ``pid`` to ``dst_addr`` here; OSError on failure.
+
+    The kernel may stop short (a page it could not read), so the rest is asked for again; that
+    second call then reports the error.
+    """
+    local, remote = _IoVec(), _IoVec()
+    done = 0
+    while done < nbytes:
+        local.base, local.len = dst_addr + done, nbytes - done
+        remote.base, remote.len = addr + done, nbytes - done
+        got = _process_vm_readv(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+        if got <= 0:   # 0 would loop forever; the kernel only returns it for empty vectors
+            code = ctypes.get_errno() if got < 0 else errno.EIO
+            raise OSError(code, os.strerror(code))
+        done += got
+
+
+def min_bytes() -> int:
+    """RINGCOMM_SHM_CMA_MIN (bytes, e.g. 32M), else MIN_BYTES."""
+    value = env.get("RINGCOMM_SHM_CMA_MIN")
+    return MIN_BYTES if value is None else value
+
+
+def blocked() -> Optional[str]:
+    """Why this rank must not even try CMA; None if it may."""
+    if not env.get("RINGCOMM_SHM_CMA"):
+        return "RINGCOMM_SHM_CMA=0"
+    if _process_vm_readv is None:
+        return "libc has no process_vm_readv"
+    return None
+
+
+def errno_text(err: OSError) -> str:
+    name = errno.errorcode.get(err.errno, str(err.errno))
+    if err.errno == errno.ESRCH:
+        return f"{name} (the process is gone)"
+    return f"{name} ({err.strerror})"
+
+
+class Reader:
+    """Reads peers' memory for one transport; errors name the peer's rank, pid, address, size."""
+
+    def __init__(self, rank: int, ranks: list, pids: list):
+        self.rank, self.ranks, self.pids = rank, ranks, pids
+        self._local = threading.local()   # each thread's chunk buffer, reused: it stays in cache
+
+    def pull(self, p: int, addr: int, dst: np.ndarray) -> None:
+        """Copy ``dst.nbytes`` bytes at ``addr`` of node rank ``p``'s memory into ``dst``."""
+        try:
+            read_process(self.pids[p], addr, address(dst), dst.nbytes)
+        except OSError as err:
+            raise CommError(f"shm transport on rank {self.rank}: cannot read {dst.nbytes} bytes at "
+                            f"{addr:#x} of rank {self.ranks[p]} (pid {self.pids[p]}): "
+                            f"{errno_text(err)}") from None
+
+    def probe(self, p: int, addr: int, value: int) -> Optional[str]:
+        """Why reading node rank ``p``'s token failed, or None if it read ``value``."""
+        got = np.zeros(1, np.int64)
+        try:
+            self.pull(p, addr, got)
+        except CommError as err:
+            return str(err)
+        if got[0] != value:
+            return f"rank {self.rank} read a wrong probe value from rank {self.ranks[p]}"
+        return None
+
+    def copy(self, p: int, addr: int, buf: np.ndarray) -> None:
+        """Read a message into ``buf``."""
+        if buf.flags.c_contiguous:
+            self.pull(p, addr, buf)
+        else:   # the kernel writes one contiguous range
+            tmp = np.empty(buf.shape, buf.dtype)
+            self.pull(p, addr, tmp)
+            buf[...] = tmp
+
+    def reduce(self, p: int, addr: int, buf: np.ndarray, reduce_chunk) -> None:
+        """Read a message in CHUNK pieces, calling ``reduce_chunk(start, piece)`` on each while
+        it is still in cache (``start``: its first element in ``buf``)."""
+        chunk = getattr(self._local, "chunk", None)
+        if chunk is None:
+            chunk = self._local.chunk = np.empty(CHUNK, np.uint8)
+        tmp = chunk.view(buf.dtype)
+        for i in range(0, buf.size, tmp.size):
+            part = tmp[:min(tmp.size, buf.size - i)]
+            self.pull(p, addr + i * buf.itemsize, part)
+            reduce_chunk(i, part)

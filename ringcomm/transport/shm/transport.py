@@ -1,0 +1,823 @@
+"""ShmTransport: point-to-point between the ranks of one node through shared memory.
+
+A send moves no bytes itself: it publishes a descriptor (rings.py) saying where the receiver can
+read the payload, and the receiver copies (``irecv``) or reduces (``irecv_reduce``) straight
+from there into its own buffer, then acknowledges. Where the payload is read from is the
+sender's decision, per send:
+
+- the send's range lies in a segment from ``allocate`` (DDP buckets): read in place;
+- it lies in an array of a collective of at least ``cma_min_bytes`` staged with ``stage`` and
+  the node can use CMA: read out of the sender's process (cma.py);
+- otherwise: copied into this rank's staging pool (staging.py), read from there;
+- the pool has no room for it and must not wait (staging.py says when), or it is larger than a
+  pool share: the bytes go over the node's MPI communicator ("payload over MPI").
+
+Setup (collective over the node, every wait bounded by ``setup_timeout``, node.py): the ranks
+exchange pids and /dev/shm's free space, each creates its **control segment** (a header, its
+descriptor rings, WINDOW_SLOTS one-shot window regions, then its staging pool; the pool shrinks
+to what /dev/shm can hold), maps every peer's, test-reads a peer's memory by CMA, and agrees.
+After setup only ``allocate`` runs a handshake.
+
+Payloads over MPI all use one MPI tag (``payload_tag``) per pair, whatever their ringcomm tag (tags
+reach 2**62; MPICH's bound is 2**29): the sender starts its MPI send at the moment it publishes
+the descriptor, the receiver posts its MPI receive when it discovers the descriptor, both under
+the transport's lock and in PUB order, so MPI's non-overtaking rule pairs the k-th payload with
+the k-th such descriptor.
+
+Thread safety: several communicators (each with its own progress thread) may share one
+transport. The state is guarded by one lock, never held while sleeping (polling.py sleeps) nor
+while a receive copies or reduces its payload (the receive is claimed first, so one thread
+consumes it). Reductions happen only in the receive's own wait, in the order the caller waits
+them, so the order of reduction never depends on timing; plain receives complete in any wait.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import secrets
+import threading
+from collections import defaultdict, deque
+from typing import Optional
+
+import numpy as np
+
+from ... import env
+from ...diagnostics import faults
+from ...errors import CommError, MismatchError, PeerAbortedError, UsageError
+from ..base import Request, Transport
+from ..polling import spin_for, wait_polling
+from ..window import Window, region_bytes
+from . import cma, segments, staging
+from .node import Node
+from .rings import CMA, EMPTY, RING_BYTES, VIA_MPI, Incoming, Outgoing, check_ordering, ring_view
+from .segments import Segment, address, align
+
+_log = logging.getLogger("ringcomm.shm")
+
+ABORT, PID, PROBE_ADDR, PROBE_VALUE, HANDSHAKES = range(5)   # control header words
+HEADER_BYTES = 64
+WINDOW_SLOTS = 8          # one-shot window regions per rank (slot 0: ``transport.window``)
+TAG_LIMIT = 1 << 62
+_BY_NAME = object()       # _create_once: peers could not open segments by descriptor
+PAGE = 4096
+
+
+class Layout:
+    """Byte offsets inside a rank's control segment, for ``n`` ranks on the node."""
+
+    def __init__(self, n: int):
+        self.rings = HEADER_BYTES                        # ring to node rank d at rings + d * RING_BYTES
+        self.windows = self.rings + n * RING_BYTES
+        self.window_stride = align(region_bytes())
+        self.pool = -(-(self.windows + WINDOW_SLOTS * self.window_stride) // PAGE) * PAGE
+
+    def bytes(self, pool_bytes: int) -> int:
+        return self.pool + pool_bytes
+
+
+class _Send(Request):
+    __slots__ = ("t", "peer", "tag", "ord", "buf", "seg", "off", "slot", "num", "mpi", "keep", "pooled")
+
+    def __init__(self, t, peer, tag, ordinal, buf):
+        self.t, self.peer, self.tag, self.ord, self.buf = t, peer, tag, ordinal, buf
+        self.seg = self.off = 0
+        self.slot = self.num = -1
+        self.mpi = self.keep = None
+        self.pooled = False   # holds pool space until acknowledged
+
+    def test(self) -> bool:
+        t = self.t
+        t.progress()
+        with t._lock:
+            return t._send_done(self)
+
+    def wait(self, timeout):
+        return wait_polling(self.test, timeout, lambda: self.t.aborted_reason(self.peer))
+
+
+class _Recv(Request):
+    __slots__ = ("t", "peer", "tag", "ord", "buf", "reduce", "own", "slot", "seg", "off", "nbytes",
+                 "mpi", "tmp", "busy", "done", "error")
+
+    def __init__(self, t, peer, tag, ordinal, buf, reduce, own):
+        self.t, self.peer, self.tag, self.ord = t, peer, tag, ordinal
+        self.buf, self.reduce, self.own = buf, reduce, own
+        self.slot = -1
+        self.seg = self.off = self.nbytes = 0
+        self.mpi = self.tmp = None
+        self.busy = self.done = False
+        self.error: Optional[BaseException] = None
+
+    def test(self) -> bool:
+        if not self.done:
+            t = self.t
+            t.progress()
+            if not self.done:
+                t._consume(self)
+        if self.error is not None:
+            raise self.error
+        return self.done
+
+    def wait(self, timeout):
+        return wait_polling(self.test, timeout, lambda: self.t.aborted_reason(self.peer))
+
+    def cancel(self) -> None:
+        """Withdraw a copy-receive whose message has not been claimed (comm.close())."""
+        t = self.t
+        with t._lock:
+            if not self.done and self.slot < 0 and not self.busy:
+                t._plain[self.peer].pop((self.tag, self.ord), None)
+                self.done = True
+
+
+class _FaultWindow(Window):
+    """The window with the one_shot fault hook (RINGCOMM_FAULT, tests only)."""
+
+    def __init__(self, *args, fire, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._fire = fire
+
+    def post(self, piece, stamp):
+        posted = super().post(piece, stamp)
+        if self.round == 2:
+            self._fire("one_shot")
+        return posted
+
+
+class ShmTransport(Transport):
+    """``node_comm`` is an MPI communicator holding exactly the ranks that share this memory;
+    ``ranks[i]`` is the global rank of node rank i. ``setup_timeout`` bounds every handshake
+    (the communicator's timeout: ``ringcomm.init(timeout=)`` or RINGCOMM_TIMEOUT)."""
+
+    name = "shm"
+    payload_tag = 7   # the MPI tag of every payload over MPI (module docstring); one per transport kind
+    _by_fd = True   # share segments by descriptor (segments.py); False once the node cannot
+
+    def __init__(self, node_comm, ranks, *, world_rank: int, world_size: int,
+                 setup_timeout: float = 300.0):
+        check_ordering()
+        self.setup_timeout = setup_timeout
+        self.comm = node_comm
+        self.rank, self.size = world_rank, world_size
+        self.ranks = list(ranks)
+        self.local = {r: i for i, r in enumerate(self.ranks)}
+        self.me, self.n = node_comm.Get_rank(), node_comm.Get_size()
+        if self.ranks[self.me] != world_rank or len(self.ranks) != self.n:
+            raise CommError(f"shm transport: node communicator ranks {self.ranks} do not match "
+                            f"world rank {world_rank} at node rank {self.me}")
+        self.others = [p for p in range(self.n) if p != self.me]
+        self._lock = threading.Lock()
+        self._aborted: Optional[str] = None
+        self._closed = False
+        self._fault = faults.armed(world_rank)
+        self._sent = 0                                 # non-empty sends, for the ring fault
+        self._said: set = set()                        # info messages already logged
+        self.node = Node(node_comm, self.ranks, world_rank, setup_timeout, lambda: self._aborted)
+        self._next_seg = 0
+        self._data: dict = {}                          # seg_id -> Segment: sends from it are read in place
+        self._peers: dict = {}                         # (node rank, seg_id) -> that rank's mapping
+        self._staged: list = []                        # [start, end) of staged arrays read by CMA
+        self._out_ord = [defaultdict(int) for _ in range(self.n)]
+        self._in_ord = [defaultdict(int) for _ in range(self.n)]
+        self._plain: list = [{} for _ in range(self.n)]      # (tag, ord) -> posted copy-receive
+        self._slots_used = {0}   # window slots given to communicators of this rank (0: the job's)
+        self._mpi_in: list = [{} for _ in range(self.n)]     # (tag, ord) -> (MPI request, bytes)
+        self._inflight: list = [deque() for _ in range(self.n)]   # published sends holding pool space
+        self._orphans: list = []                       # MPI receives of refused messages, left to finish
+        self._setup()
+
+    # ---- setup ---------------------------------------------------------------------------------
+    def _setup(self) -> None:
+        self.pid, self.namespace = os.getpid(), segments.pid_namespace()
+        self.token = secrets.randbits(48)
+        segments.sweep(self.namespace)   # files of killed jobs of this user (segments.py)
+        free, _ = segments.space()
+        hello = self.node.exchange("setup", [self.pid, self.namespace, self.token,
+                                             -1 if free is None else free])
+        self._names = [tuple(int(v) for v in row[:3]) for row in hello]
+        self._pids = [int(row[0]) for row in hello]
+        known = [int(row[3]) for row in hello if row[3] >= 0]
+        layout = self.layout = Layout(self.n)
+        wanted, share = self._choose_share(min(known) if known else None, layout)
+        self._probe = np.array([secrets.randbits(62)], np.int64)   # private memory, kept alive
+        self._cma_why: Optional[str] = None
+        self._reader = cma.Reader(self.rank, self.ranks, self._pids)
+        sizes = [layout.bytes(self._host_pool_bytes(s)) for s in self._fallbacks(share)]
+        created = self._create("created", "mapped", sizes, "setup", prepare=self._write_header,
+                               on_mapped=self._probe_peer)
+        if created is None:
+            raise CommError(self._space_text("its control segment and staging pool", sizes[-1]))
+        ctrl, views, cma_failed = created
+        self._control = ctrl
+        self._init_control(ctrl, views, layout)
+        got = self._host_pool_share(ctrl.nbytes - layout.pool, share)
+        self._init_pool(got, layout)
+        if got < wanted:
+            free, total = segments.mib(min(known, default=None)), segments.mib(segments.space()[1])
+            self._say("pool", f"shm transport on rank {self.rank}: /dev/shm has {free} free of {total} "
+                      f"for the {self.n} ranks of this node; staging pool share per peer "
+                      f"{segments.mib(got)} instead of {segments.mib(wanted)} (larger messages go over "
+                      f"MPI); {segments.space_advice()}")
+        why = self._direct_reads_blocked()
+        if why is None and cma_failed:
+            why = self._cma_why or f"direct reads failed on ranks {cma_failed}"
+        self.direct_reads = "cma" if why is None else f"off: {why}"
+        self._direct = why is None
+        self.cma_min_bytes = cma.min_bytes()
+        whole_job = self.ranks == list(range(self.size))
+        self.window = self._make_window(self.window_regions(0)) if whole_job else None
+
+    def _choose_share(self, free: Optional[int], layout: Layout) -> tuple:
+        """(wanted, chosen) bytes per peer of the staging pool: RINGCOMM_SHM_POOL, else
+        SHARE_BYTES within POOL_CAP; chosen also within a fair part of /dev/shm's free space
+        (3/4 of it, split by rank), so that every rank of the node gets a pool."""
+        wanted, cap = env.get("RINGCOMM_SHM_POOL"), None
+        if wanted is None:
+            wanted, cap = staging.SHARE_BYTES, staging.POOL_CAP
+        wanted = staging.share_size(self.n - 1, wanted, None, cap)
+        budget = None if free is None else free * 3 // 4 // self.n - layout.bytes(0)
+        return wanted, staging.share_size(self.n - 1, wanted, budget, None)
+
+    @staticmethod
+    def _fallbacks(share: int) -> list:
+        """Share sizes to try when /dev/shm refuses the first: halving, down to no pool at all."""
+        out = [share]
+        while out[-1] > staging.SHARE_QUANTUM:
+            out.append(out[-1] // 2 // staging.SHARE_QUANTUM * staging.SHARE_QUANTUM)
+        return out + ([0] if out[-1] else [])
+
+    def _write_header(self, data: np.ndarray) -> None:
+        """Before peers can map it: where peers test-read this rank's memory (CMA)."""
+        header = data[:HEADER_BYTES].view(np.int64)
+        header[PID], header[PROBE_ADDR], header[PROBE_VALUE] = self.pid, address(self._probe), self._probe[0]
+
+    def _probe_peer(self, views: list) -> tuple:
+        """After mapping: read the next rank's token by CMA; (1,) if that failed, else (0,)."""
+        self._cma_why = self._direct_reads_blocked()
+        if self._cma_why is None:
+            p = (self.me + 1) % self.n
+            header = views[p][:HEADER_BYTES].view(np.int64)
+            self._cma_why = self._reader.probe(p, int(header[PROBE_ADDR]), int(header[PROBE_VALUE]))
+        return (int(self._cma_why is not None),)
+
+    def _init_control(self, ctrl: Segment, views: list, layout: Layout) -> None:
+        self.header = ctrl.data[:HEADER_BYTES].view(np.int64)
+        self.peer_header = [v[:HEADER_BYTES].view(np.int64) for v in views]
+        rings = layout.rings
+        self._out = [None] * self.n
+        self._in = [None] * self.n
+        for p in self.others:
+            self._peers[(p, ctrl.seg_id)] = views[p]   # its staging pool is read there
+            self._out[p] = Outgoing(ring_view(ctrl.data[rings + p * RING_BYTES:]))
+            self._in[p] = Incoming(ring_view(views[p][rings + self.me * RING_BYTES:]))
+        self._windows = [[v[layout.windows + s * layout.window_stride:][:region_bytes()] for v in views]
+                         for s in range(WINDOW_SLOTS)]
+        self.node.mark = lambda count: self.header.__setitem__(HANDSHAKES, count)
+        self.node.progress = lambda i: int(self.peer_header[i][HANDSHAKES])
+        self.header[HANDSHAKES] = self.node.count
+
+    def _init_pool(self, share: int, layout: Layout) -> None:
+        self._pool_seg, base = self._pool_segment(share, layout)
+        self.pool_share = share
+        self.pool = staging.StagingPool(base, share, self.others, self._copy_in) if share else None
+
+    def window_regions(self, slot: int) -> list:
+        """One-shot window region ``slot`` (0..WINDOW_SLOTS-1) of every node rank, in node rank
+        order (window.py's layout); slot 0 is ``self.window``'s."""
+        if not 0 <= slot < WINDOW_SLOTS:
+            raise UsageError(f'window_regions got unexpected value for argument "slot" (expected 0 to '
+                             f'{WINDOW_SLOTS - 1}, got {slot!r})')
+        return self._windows[slot]
+
+    def _make_window(self, regions: list):
+        kwargs = dict(aborted=self.aborted_reason, spin=spin_for(self.n))
+        if self._fault is not None and self._fault.phase == "one_shot":
+            return _FaultWindow(self.me, regions, fire=self._fire, **kwargs)
+        return Window(self.me, regions, **kwargs)
+
+    # ---- segments ------------------------------------------------------------------------------
+    def _path(self, node_rank: int, seg_id: int) -> str:
+        pid, namespace, token = self._names[node_rank]
+        return segments.segment_path(pid, namespace, token, seg_id)
+
+    def _create(self, created_kind: str, mapped_kind: str, sizes: list, phase: str,
+                prepare=None, on_mapped=None):
+        """Collective over the node: a new segment per rank, mapped by every rank.
+
+        Each rank creates its file at the first of ``sizes`` /dev/shm can hold. Peers open it by
+        descriptor where the node allows it (no name left behind at any moment, segments.py),
+        else by name until every peer has mapped it. Returns (own Segment, every rank's mapping
+        in node-rank order, global ranks whose ``on_mapped`` flag was set), or None when some
+        rank found /dev/shm too small for even the last size (every rank returns None alike).
+        Other failures raise CommError on every rank.
+        """
+        if self._by_fd:
+            created = self._create_once(created_kind, mapped_kind, sizes, phase, prepare, on_mapped, True)
+            if created is not _BY_NAME:
+                return created
+            self._by_fd = False
+            self._say("by name", f"shm transport on rank {self.rank}: the ranks of this node cannot open "
+                      f"each other's segments through /proc/<pid>/fd; they share them by name in "
+                      f"{segments.SHM_DIR} during setup and allocate, and files of a job killed at that "
+                      f"moment stay until the next job of this user starts")
+        return self._create_once(created_kind, mapped_kind, sizes, phase, prepare, on_mapped, False)
+
+    def _create_once(self, created_kind, mapped_kind, sizes, phase, prepare, on_mapped, by_fd: bool):
+        seg_id = self._next_seg
+        self._next_seg += 1
+        mine = self._path(self.me, seg_id)
+        data, fd, identity, err, nbytes = None, -1, (0, 0), None, 0
+        for size in sizes:
+            try:
+                made = segments.create(mine, size, keep_fd=by_fd)
+                data, fd, identity = made if by_fd else (made, -1, (0, 0))
+                nbytes = size
+                break
+            except OSError as e:
+                err = e
+                if e.errno != errno.ENOSPC:
+                    break
+        ok = False
+        try:
+            if data is not None and prepare is not None:
+                prepare(data)
+            self._fire(phase)
+            code = err.errno if data is None and err is not None else 0
+            failed, rows = self.node.agree(created_kind, data is None, nbytes, code, fd, *identity)
+            if failed:
+                if all(rows[self.local[r], 1] == errno.ENOSPC for r in failed):
+                    return None
+                raise CommError(f"shm transport on rank {self.rank}: could not create shared-memory "
+                                f"segments on ranks {failed}" + (f": {mine}: {err}" if data is None else ""))
+            views, map_err = [None] * self.n, None
+            for i in range(self.n):
+                where = f"/proc/{self._pids[i]}/fd/{rows[i, 2]}" if by_fd else self._path(i, seg_id)
+                try:
+                    if i == self.me:
+                        views[i] = data
+                    elif by_fd:
+                        views[i] = segments.open_by_fd(self._pids[i], int(rows[i, 2]), int(rows[i, 0]),
+                                                       (int(rows[i, 3]), int(rows[i, 4])))
+                    else:
+                        views[i] = segments.open_peer(where, int(rows[i, 0]))
+                except OSError as e:
+                    map_err = f"cannot map rank {self.ranks[i]}'s segment {where}: {e}"
+                    break
+            extra = on_mapped(views) if on_mapped is not None and map_err is None else (0,)
+            failed, flags = self.node.agree(mapped_kind, map_err is not None, *extra)
+            if failed and by_fd:
+                return _BY_NAME   # every rank alike: try again by name
+            if failed:
+                raise CommError(f"shm transport on rank {self.rank}: could not map each other's "
+                                f"segments on ranks {failed}" + (f": {map_err}" if map_err else ""))
+            ok = True
+        finally:   # every peer has mapped it, or the creation failed: neither name nor descriptor is needed
+            if fd >= 0:
+                os.close(fd)
+            segments.unlink_quietly(mine)
+            if not ok and not by_fd:   # a peer that died cannot unlink its own
+                for i in self.others:
+                    segments.unlink_quietly(self._path(i, seg_id))
+        return Segment(seg_id, data), views, [self.ranks[i] for i in np.flatnonzero(flags[:, 0])]
+
+    def _register(self, seg: Segment, views: list) -> None:
+        with self._lock:
+            self._data[seg.seg_id] = seg
+            for i in self.others:
+                self._peers[(i, seg.seg_id)] = views[i]
+
+    def _space_text(self, what: str, needed: int, instead: str = "") -> str:
+        free, total = segments.space()
+        return (f"shm transport on rank {self.rank}: /dev/shm is too small for {what}: "
+                f"{segments.mib(needed)} needed per rank, {segments.mib(needed * self.n)} for the {self.n} "
+                f"ranks of this node, {segments.mib(free)} free of {segments.mib(total)}{instead}; "
+                f"{segments.space_advice()}")
+
+    def allocate(self, nbytes: int, dtype=np.uint8) -> np.ndarray:
+        """A new array of ``nbytes`` bytes in shared memory, so peers read sends from it in place.
+
+        Collective over the ranks of this node (every one calls it, like DDP building its
+        buckets); call it while no collective is in flight. The memory lives until ``close``.
+        Where /dev/shm cannot hold it on some rank, every rank of the node returns ordinary
+        private memory instead (said once at RINGCOMM_DEBUG=info): slower, never a SIGBUS.
+        """
+        dtype = np.dtype(dtype)
+        if nbytes < 0 or nbytes % dtype.itemsize:
+            raise UsageError(f'allocate got unexpected value for argument "nbytes" (expected a '
+                             f'non-negative multiple of {dtype.itemsize}, got {nbytes})')
+        self._check_usable()
+        seg = self._new_data_segment(max(nbytes, 1))
+        if seg is None:
+            self._say("allocate", self._space_text(f"allocate({nbytes})", nbytes,
+                                                   "; using private memory instead, on every rank of the node"))
+            return np.zeros(nbytes // dtype.itemsize, dtype)
+        return seg.data[:nbytes].view(dtype)
+
+    def owns(self, a) -> bool:
+        with self._lock:
+            return self._locate(address(a), a.nbytes) is not None
+
+    def _locate(self, addr: int, nbytes: int):
+        for seg in self._data.values():
+            if seg.contains(addr, nbytes):
+                return seg.seg_id, addr - seg.addr
+        return None
+
+    @contextlib.contextmanager
+    def stage(self, arrays: tuple):
+        """Bracket one collective over ``arrays`` (the flat arrays it sends from and receives
+        into). Receives land in them directly. If the collective is at least ``cma_min_bytes``
+        and the node reads by CMA, peers read what this rank sends from them straight out of
+        this process; other sends from private memory go through the staging pool."""
+        largest = 0
+        for a in arrays:
+            self._check_array(a)
+            largest = max(largest, a.nbytes)
+        if not (self._direct and largest and largest >= self.cma_min_bytes):
+            yield
+            return
+        ranges = [(address(a), address(a) + a.nbytes) for a in arrays if a.nbytes]
+        with self._lock:
+            self._staged.extend(ranges)
+        try:
+            yield
+        finally:
+            with self._lock:
+                for r in ranges:
+                    self._staged.remove(r)
+
+    def _read_by_cma(self, addr: int, nbytes: int) -> bool:
+        return any(start <= addr and addr + nbytes <= end for start, end in self._staged)
+
+    # ---- point to point ------------------------------------------------------------------------
+    def _node_rank(self, peer: int) -> int:
+        try:
+            return self.local[peer]
+        except KeyError:
+            raise CommError(f"shm transport on rank {self.rank}: rank {peer} is not on this node "
+                            f"(node ranks {self.ranks})") from None
+
+    def isend(self, buf, peer, tag):
+        p = self._node_rank(peer)
+        if not 0 <= tag < TAG_LIMIT:
+            raise UsageError(f'isend got unexpected value for argument "tag" (expected 0 <= tag < 2**62, '
+                             f'got {tag})')
+        with self._lock:
+            self._check_usable()
+            ordinal = self._out_ord[p][tag]
+            self._out_ord[p][tag] = ordinal + 1
+            req = _Send(self, p, tag, ordinal, buf)
+            self._route(req)
+            self._flush(p)
+        return req
+
+    def irecv(self, buf, peer, tag):
+        return self._post(buf, peer, tag, None, None)
+
+    def irecv_reduce(self, buf, peer, tag, reduce, scratch, own=None):
+        return self._post(buf, peer, tag, reduce, own)
+
+    def _post(self, buf, peer, tag, reduce, own):
+        p = self._node_rank(peer)
+        with self._lock:
+            self._check_usable()
+            ordinal = self._in_ord[p][tag]
+            self._in_ord[p][tag] = ordinal + 1
+            req = _Recv(self, p, tag, ordinal, buf, reduce, own)
+            if reduce is not None:
+                return req   # reduced in its own wait: in the order the caller waits, never at post
+            self._plain[p][(tag, ordinal)] = req
+        self._consume(req)
+        return req
+
+    def _route(self, req: _Send) -> None:
+        """Decide where the peer reads ``req``'s payload; queue it for a slot unless it waits for
+        pool room (lock held)."""
+        buf = req.buf
+        nbytes = buf.nbytes
+        if not nbytes:
+            req.seg = EMPTY
+        else:
+            addr = address(buf)
+            found = self._locate(addr, nbytes) if buf.flags.c_contiguous else None   # peers read one range
+            if found is not None:
+                req.seg, req.off = found
+            elif self._staged and buf.flags.c_contiguous and self._read_by_cma(addr, nbytes):
+                req.seg, req.off = CMA, addr
+            else:
+                outcome = self.pool.admit(req.peer, req) if self.pool is not None else staging.OVERFLOW
+                if outcome == staging.WAIT:
+                    self._fire("pool_full")
+                    return
+                self._pooled(req, outcome)
+        self._out[req.peer].queue.append(req)
+
+    def _pooled(self, req: _Send, outcome: str) -> None:
+        if outcome == staging.PLACED:
+            req.seg, req.pooled = self._pool_seg.seg_id, True
+        else:
+            req.seg = VIA_MPI
+
+    def _flush(self, p: int) -> None:
+        """Publish the sends ready for ``p``, in order, as slots free up (lock held)."""
+        out = self._out[p]
+        while out.queue and out.slot_free():
+            req = out.queue.popleft()
+            if req.seg == VIA_MPI:   # now, in PUB order: see the module docstring
+                self._send_outside(req)
+            self._before_publish()
+            req.slot, req.num = out.publish(req.tag, req.ord, req.seg, req.off, req.buf.nbytes)
+            if req.pooled:
+                self._inflight[p].append(req)
+            if self._fault is not None and req.seg != EMPTY:
+                self._sent += 1
+                if self._sent == 3:
+                    self._fire("ring")
+                if req.seg == CMA:
+                    self._fire("cma")
+
+    def _send_done(self, req: _Send) -> bool:
+        if req.num < 0:
+            return False
+        if req.mpi is not None and not req.mpi.Test():
+            return False
+        if not self._out[req.peer].acked(req.slot, req.num):
+            return False
+        if req.pooled:
+            self._release(req)
+        return True
+
+    def _release(self, req: _Send) -> None:
+        req.pooled = False
+        self.pool.release(req.peer, req.off)
+        with contextlib.suppress(ValueError):
+            self._inflight[req.peer].remove(req)
+
+    def _discover(self, p: int) -> None:
+        """Index ``p``'s new messages; post the MPI receive of each payload over MPI, in PUB
+        order (lock held)."""
+        inc = self._in[p]
+        for slot in inc.discover():
+            seg, _, nbytes = inc.fields(slot)
+            if seg == VIA_MPI:
+                tmp = np.empty(nbytes, np.uint8)
+                self._mpi_in[p][inc.key(slot)] = (self.comm.Irecv(tmp, source=p, tag=self.payload_tag), tmp)
+
+    def progress(self) -> None:
+        """Place sends waiting for pool room, publish what waits for a slot, return pool space
+        of acknowledged sends, discover messages, and complete plain receives that can be."""
+        ready = None
+        with self._lock:
+            if self._closed:
+                return
+            pool = self.pool
+            for p in self.others:
+                if pool is not None and pool.shares[p].waiting:
+                    for req, outcome in pool.retry(p):
+                        self._pooled(req, outcome)
+                        self._out[p].queue.append(req)
+                if self._out[p].queue:
+                    self._flush(p)
+                inflight = self._inflight[p]
+                while inflight and self._out[p].acked(inflight[0].slot, inflight[0].num):
+                    self._release(inflight[0])
+                self._discover(p)
+                plain = self._plain[p]
+                if plain:
+                    arrived = self._in[p].arrived
+                    for key, req in plain.items():   # arrived, or claimed and waiting for MPI
+                        if not req.busy and (key in arrived or req.slot >= 0):
+                            ready = ready or []
+                            ready.append(req)
+            if self._orphans:
+                self._orphans = [r for r in self._orphans if not r.Test()]
+        if ready:
+            for req in ready:
+                self._consume(req)
+
+    def _consume(self, req: _Recv) -> None:
+        """Claim ``req``'s message if it has arrived and consume it (copy or reduce), outside the
+        lock; at most once, by one thread."""
+        with self._lock:
+            if req.done or req.busy or self._closed:
+                return
+            if req.slot < 0 and not self._claim(req):
+                return
+            if req.seg == VIA_MPI and not req.mpi.Test():
+                return
+            req.busy = True
+        try:
+            self._move(req)
+        except CommError as err:   # raised when the receive is waited, like a mismatch
+            req.error = err
+        finally:
+            with self._lock:
+                req.busy = False
+                self._finish(req)
+
+    def _claim(self, req: _Recv) -> bool:
+        """Take ``req``'s message from the index (lock held); False if it has not arrived. A
+        message of another size is refused: MismatchError when waited, nothing is written."""
+        inc, key = self._in[req.peer], (req.tag, req.ord)
+        slot = inc.arrived.pop(key, None)
+        if slot is None:
+            self._discover(req.peer)
+            slot = inc.arrived.pop(key, None)
+            if slot is None:
+                return False
+        req.slot = slot
+        req.seg, req.off, req.nbytes = inc.fields(slot)
+        if req.seg == VIA_MPI:
+            req.mpi, req.tmp = self._mpi_in[req.peer].pop(key)
+        if req.nbytes != req.buf.nbytes:
+            req.error = MismatchError(f"rank {self.rank}: a message from rank {self.ranks[req.peer]} "
+                                      f"(tag {req.tag}) has {req.nbytes} bytes, the receive expected "
+                                      f"{req.buf.nbytes} (do the ranks agree on the count?)")
+            if req.mpi is not None:   # its MPI receive must still finish, or the sender's never does
+                self._orphans.append(req.mpi)
+            self._finish(req)
+            return False
+        return True
+
+    def _finish(self, req: _Recv) -> None:
+        self._in[req.peer].ack(req.slot)
+        req.done = True
+        if req.reduce is None:
+            self._plain[req.peer].pop((req.tag, req.ord), None)
+
+    def _move(self, req: _Recv) -> None:
+        """Copy or reduce ``req``'s payload into its buffer (no lock held)."""
+        seg, buf = req.seg, req.buf
+        if seg == EMPTY:
+            return
+        if seg == CMA:
+            if req.reduce is None:
+                self._reader.copy(req.peer, req.off, buf)
+            else:
+                self._reader.reduce(req.peer, req.off, buf,
+                                    lambda i, part: _reduce(req, buf[i:i + part.size], part, i))
+            return
+        if seg == VIA_MPI:
+            src = self._from_host(req.tmp)
+        else:
+            view = self._peers.get((req.peer, seg))
+            if view is None:
+                raise CommError(f"shm transport on rank {self.rank}: rank {self.ranks[req.peer]} "
+                                f"sent from its segment {seg}, which this rank has not mapped")
+            src = view[req.off:req.off + req.nbytes]
+        src = src.view(buf.dtype).reshape(buf.shape)
+        if req.reduce is None:
+            buf[...] = src
+        else:
+            _reduce(req, buf, src, 0)
+        self._after_consume()
+
+    def probe(self, source, tag=None, context=0):
+        """The first published message nobody has posted a copy-receive for (Transport.probe);
+        with no ``tag``, only messages of communicator ``context`` (tag >> 32)."""
+        if source is None:
+            peers = self.others
+        elif source in self.local and self.local[source] != self.me:
+            peers = [self.local[source]]
+        else:
+            return None
+        with self._lock:
+            if self._closed:
+                return None
+            for p in peers:
+                self._discover(p)
+                inc, plain = self._in[p], self._plain[p]
+                for (t, o), slot in inc.arrived.items():
+                    if (t == tag if tag is not None else t >> 32 == context) and (t, o) not in plain:
+                        return self.ranks[p], t, inc.fields(slot)[2]
+        return None
+
+    # ---- hooks for transports whose data segments are device memory (cuda_ipc) ----------------
+    def _direct_reads_blocked(self) -> Optional[str]:
+        """Why this rank must not even try CMA; None if it may."""
+        return cma.blocked()
+
+    def _host_pool_bytes(self, share: int) -> int:
+        """Bytes of the staging pool inside the (host) control segment for ``share`` per peer."""
+        return share * len(self.others)
+
+    def _host_pool_share(self, pool_bytes: int, wanted: int) -> int:
+        """The share the pool part of the created control segment holds (``wanted`` at most:
+        /dev/shm may have made setup settle for less)."""
+        return pool_bytes // len(self.others) if self.others else 0
+
+    def _pool_segment(self, share: int, layout: Layout) -> tuple:
+        """(segment, offset) where the staging pool starts: after the control part here."""
+        return self._control, layout.pool
+
+    def _copy_in(self, off: int, buf) -> None:
+        self._pool_seg.data[off:off + buf.nbytes] = _bytes(buf)
+
+    def _new_data_segment(self, nbytes: int) -> Optional[Segment]:
+        """Collective over the node: a segment for ``allocate``, mapped by every peer; None if
+        /dev/shm cannot hold it on some rank."""
+        created = self._create("allocate", "allocate mapped", [nbytes], "segment")
+        if created is None:
+            return None
+        seg, views, _ = created
+        self._register(seg, views)
+        return seg
+
+    def _check_array(self, flat) -> None:
+        if not isinstance(flat, np.ndarray):
+            raise CommError(f"shm transport on rank {self.rank}: got a {type(flat).__module__}."
+                            f"{type(flat).__name__}; host shared memory carries numpy arrays only")
+
+    def _send_outside(self, req: _Send) -> None:
+        """Start the MPI send of a payload over MPI (lock held)."""
+        req.mpi = self.comm.Isend(_bytes(req.buf), dest=req.peer, tag=self.payload_tag)
+
+    def _from_host(self, tmp: np.ndarray):
+        return tmp
+
+    def _before_publish(self) -> None:
+        pass
+
+    def _after_consume(self) -> None:
+        pass
+
+    # ---- failure and shutdown ------------------------------------------------------------------
+    def _fire(self, phase: str) -> None:
+        if self._fault is not None:
+            faults.fire(phase, self.rank, self._fault)
+
+    def _say(self, key: str, text: str) -> None:
+        """Log ``text`` at info, once per transport and ``key`` (RINGCOMM_DEBUG=info shows it)."""
+        if key in self._said:
+            return
+        self._said.add(key)
+        from ...selection.selector import configure_debug_logging
+        configure_debug_logging()
+        _log.info(text)
+
+    def _check_usable(self) -> None:
+        if self._aborted is not None:
+            raise PeerAbortedError(self._aborted)
+        if self._closed:
+            raise CommError(f"shm transport on rank {self.rank} is closed")
+
+    def aborted_reason(self, peer: Optional[int] = None) -> Optional[str]:
+        if self._aborted is not None:
+            return self._aborted
+        if peer is not None and self.peer_header[peer][ABORT]:
+            return f"rank {self.ranks[peer]} aborted its shm transport"
+        return None
+
+    def abort(self, reason: BaseException) -> None:
+        self._aborted = f"aborted: {reason}"
+        if not self._closed:
+            self.header[ABORT] = 1   # peers waiting on this rank are released, not left to time out
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for plain in self._plain:
+                plain.clear()
+            self._data.clear()
+            self._peers.clear()
+            self._staged.clear()
+
+    def describe(self) -> dict:
+        return {r: self.name for r in self.ranks if r != self.rank}
+
+    # ---- sub-communicators -------------------------------------------------------------------------
+    def free_window_slots(self) -> int:
+        """Bit mask of the window slots no communicator of this rank uses yet (slot 0 is the job's)."""
+        return sum(1 << s for s in range(1, WINDOW_SLOTS) if s not in self._slots_used)
+
+    def split(self, members, color, key, context, slot=None):
+        """A view for a sub-communicator: its own tags over these rings and segments, and its own
+        window (slot ``slot``, which every member agreed is free) when all members are here."""
+        if members is None:
+            return None
+        from ..view import TransportView
+        window = None
+        if slot is not None and slot > 0 and all(m in self.local for m in members):
+            self._slots_used.add(slot)
+            regions = self.window_regions(slot)
+            node_ranks = [self.local[m] for m in members]
+            window = Window(members.index(self.rank), [regions[r] for r in node_ranks],
+                            aborted=lambda peer: self.aborted_reason(node_ranks[peer]), spin=spin_for(self.n))
+        return TransportView(self, members, context, window)
+
+
+def _reduce(req: _Recv, dst, msg, start: int) -> None:
+    """dst = dst OP msg, or own OP msg when the receive has an own operand; ``dst`` starts at
+    element ``start`` of the receive buffer (reductions out of CMA reads go in chunks)."""
+    if req.own is None:
+        req.reduce(dst, msg)
+    else:
+        req.reduce(dst, msg, req.own[start:start + dst.size])
+
+
+def _bytes(buf):
+    return buf.reshape(-1).view(np.uint8)
