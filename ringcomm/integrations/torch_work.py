@@ -1,4 +1,4 @@
-"""c10d Work handles of the "ringcomm" process group, and the threads that complete them.
+"""c10d Work handles of the "ringcomm" process group, and the futures they hand out.
 
 Three promises to torch's callers, and how each is kept:
 
@@ -14,17 +14,17 @@ Three promises to torch's callers, and how each is kept:
    TorchScript can produce a typed future that completes later: ``torch.jit.fork`` of a scripted
    function that waits on the signal and returns the tensors. C++ callers get that one.
 3. **No callback stalls completion.** ``then`` callbacks run in the thread that completes the
-   future, and torch's PowerSGD waits on another collective inside one. A ``Completer`` thread
-   that waits on ringcomm's Works hands its role to another thread *before* it completes a
-   future, so a blocked callback never stops later collectives from completing. Python callers
-   get the future completed that way. The typed future completes on torch's inter-op pool
-   (TorchScript resumes there), which a callback that blocks could exhaust; so it goes only to
-   C++ callers, whose callbacks (the builtin hooks' casts) never block.
+   future, and torch's PowerSGD waits on another collective inside one. The Engine
+   (torch_engine.py) completes the signal from a thread that has handed its role on, so a
+   blocked callback never stops later collectives from completing; Python callers get that
+   future. The typed one completes on torch's inter-op pool (TorchScript resumes there), which
+   callbacks that block could exhaust; so it goes only to C++ callers, whose callbacks (the
+   builtin hooks' casts) never block.
 
 Telling C++ callers from Python ones: c10d's trampoline calls the same Python ``get_future``
 for both. C++ code (torch's reducer: ``state->allreduce(tensors)->getFuture()``) cannot run
 Python bytecode between issuing a collective and asking for its future, so the innermost Python
-frame outside this package, and its instruction, are the same at both calls; a Python caller is
+frame outside the backend's modules, and its instruction, are the same at both calls; a Python caller is
 always at another instruction (it made two calls) or in another frame. ``call_site`` records it.
 A misjudged caller still gets a correct future: typed for Python (callbacks on the inter-op
 pool) or untyped for C++ (the builtin FP16 hook then fails loudly).
@@ -51,7 +51,7 @@ _OUR_MODULES = {__name__, __name__.rsplit(".", 1)[0] + ".torch_backend"}
 
 
 def call_site():
-    """Innermost Python frame outside this package and its instruction (see the module doc)."""
+    """The innermost Python frame outside the backend's modules, and its instruction (module doc)."""
     frame = sys._getframe(1)
     while frame is not None and frame.f_globals.get("__name__") in _OUR_MODULES:
         frame = frame.f_back
