@@ -93,7 +93,8 @@ class _Shared:
 
     def retime(self) -> None:
         # ringcomm's own deadline (which names the peer it waited for) must not cut a group's
-        # longer timeout short; each group's shorter one is enforced by its completer.
+        # longer timeout short; a group's shorter one is enforced as its calls settle
+        # (torch_work.Pending.settle aborts the communicator).
         with self.lock:
             if self.groups:
                 self.comm.timeout = max(g.timeout for g in self.groups)
@@ -155,7 +156,8 @@ class RingcommProcessGroup(dist.ProcessGroup):
         self._shared.abort(reason)
 
     def abort(self) -> None:
-        """dist.abort_process_group(): abort the communicator; pending collectives fail at once."""
+        """dist.distributed_c10d._abort_process_group(): abort the communicator; pending and
+        queued collectives fail at once."""
         if self._closed == "aborted":
             return
         self._closed = "aborted"
