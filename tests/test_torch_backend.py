@@ -161,6 +161,31 @@ def test_calls_after_a_slow_callback_wait_for_it_in_order():
     assert queued_s < 0.2 and total_s >= 0.25 and later == later_1 == [2.0, 2.0]
 
 
+def test_only_calls_behind_a_watched_future_queue():
+    """Nobody asked for the future: no Python callback can issue from it, so later calls go
+    straight to the communicator. Once Python holds an in-flight call's future, later calls
+    queue until its callbacks have returned."""
+    release = threading.Event()
+
+    def body(comm):
+        pg = group_of(comm)
+        plain = [pg.allreduce([torch.ones(2)], opts()) for _ in range(3)]
+        issued_at_once = all(w._pending.index is not None for w in plain)
+        if comm.rank == 1:
+            time.sleep(0.3)       # rank 0's callback is attached before its future completes
+        held = pg.allreduce([torch.ones(2)], opts()).get_future().then(lambda f: release.wait(10) and f.value())
+        after = pg.allreduce([torch.ones(2)], opts())
+        queued = after._pending.index is None
+        release.set()
+        after.wait()
+        held.wait()
+        for w in plain:
+            w.wait()
+        return issued_at_once, queued
+    (at_once_0, queued_0), (at_once_1, _) = run_threads(2, body, timeout=30)
+    assert at_once_0 and at_once_1 and queued_0
+
+
 def test_a_call_queued_behind_a_stuck_callback_fails_instead_of_hanging():
     release = threading.Event()
 

@@ -6,17 +6,23 @@ a future's callback (torch's PowerSGD hook all-reduces inside ``then``) comes wh
 callback runs, which is a matter of timing: passed straight to the communicator, rank 0 might
 issue bucket 1's all-reduce before bucket 0's callback issues its own and rank 1 after, and the
 two would be reduced together (an error when their sizes differ, wrong numbers when they
-agree). So the Engine issues
+agree). Only a call whose future was handed to Python (``get_future()``: *watched*) can have
+such callbacks; torch's C++ callers get a typed future whose callbacks (casts) issue nothing.
+So the Engine issues
 
-- a call made by a callback of call *j* once every call before *j* has finished its callbacks;
-- any other call once every issued call has finished its callbacks. Until then it waits in a
-  queue; the caller does not.
+- a call made by a callback of call *j* once every watched call before *j* has finished its
+  callbacks;
+- any other call at once, unless a watched call has not finished its callbacks: then it waits
+  in a queue (the caller does not) until none has.
 
-Every rank thus issues c0, the calls of c0's callbacks, c1, the calls of c1's callbacks, ...
-The price: a collective is handed to the communicator only after the previous one's futures
-have completed, a hand-off of some tens of microseconds; ringcomm runs one collective at a time
-anyway. A callback that waits for a call made later *outside* callbacks would wait forever; the
-queue's stall check turns that into an error and aborts the communicator.
+Every rank thus issues the same sequence: the decision to queue depends only on program order
+(was the future asked for before this call?), and a queued call goes after the callbacks that
+were already attached when it was made, whether they ran before or after it. A call behind a
+watched one is handed to the communicator only once the earlier one's callbacks have returned,
+which costs a thread hand-off per collective; calls nobody asked the future of (plain
+``dist.all_reduce``, torch's DDP without a Python hook) go straight through. A callback that
+waits for a call made later *outside* callbacks would wait forever; the queue's stall check
+turns that into an error and aborts the communicator.
 
 **Completion.** One thread at a time *leads*: it waits for the oldest issued call's ringcomm
 Works. Before it completes that call's futures (running their callbacks, which may block, as
@@ -43,6 +49,7 @@ class Engine:
         self._cv = threading.Condition()
         self._next = 0                            # index of the next call issued
         self._live: dict = {}                     # index -> Pending, until its callbacks returned
+        self._watched: set = set()                # live indexes whose future Python was given
         self._deferred: collections.deque = collections.deque()   # calls waiting for their turn
         self._queue: collections.deque = collections.deque()      # issued calls, to settle in order
         self._last: Optional[Pending] = None      # the latest call submitted
@@ -68,19 +75,18 @@ class Engine:
         group = pending.group
         with self._cv:
             self._last = pending
-            if (blocking and parent is None and not self._live and not self._deferred
+            if parent is None and (self._watched or self._deferred):
+                self._deferred.append(pending)
+                return
+            if parent is not None:
+                self._await_turn(parent, pending)
+            if not (blocking and parent is None and not self._live
                     and (group.comm.timeout is None or group.timeout >= group.comm.timeout)):
-                index = self._next
-                self._next += 1
-                self._live[index] = pending     # later calls queue behind it meanwhile
-            else:
-                if parent is None and (self._live or self._deferred):
-                    self._deferred.append(pending)
-                    return
-                if parent is not None:
-                    self._await_turn(parent, pending)
                 self._issue(pending)
                 return
+            index = self._next
+            self._next += 1
+            self._live[index] = pending     # later calls see it in flight meanwhile
         pending.run_inline(index)
         with self._cv:
             self._account(pending)
@@ -88,12 +94,19 @@ class Engine:
         pending.publish()    # nobody holds its future yet: no callbacks run here
         self._callbacks_returned(pending)
 
+    def watch(self, pending: Pending) -> None:
+        """Python was given ``pending``'s future: callbacks on it may issue collectives."""
+        with self._cv:
+            pending.watched = True
+            if pending.index in self._live:
+                self._watched.add(pending.index)
+
     def _await_turn(self, parent: int, pending: Pending) -> None:
         limit = time.monotonic() + pending.group.timeout
-        while any(i < parent for i in self._live):
+        while any(i < parent for i in self._watched):
             left = limit - time.monotonic()
             if left <= 0:
-                earlier = ", ".join(self._live[i].what for i in sorted(self._live) if i < parent)
+                earlier = ", ".join(self._live[i].what for i in sorted(self._watched) if i < parent)
                 raise CommTimeoutError(
                     f"{pending.what}, called from a callback of {self._live[parent].what}: the callbacks "
                     f"of {earlier} did not return within the group's timeout of {pending.group.timeout:g} s "
@@ -105,6 +118,8 @@ class Engine:
         index = self._next
         self._next += 1
         self._live[index] = pending
+        if pending.watched:
+            self._watched.add(index)
         try:
             pending.launch(index)
         finally:
@@ -116,8 +131,9 @@ class Engine:
     def _callbacks_returned(self, pending: Pending) -> None:
         with self._cv:
             self._live.pop(pending.index, None)
+            self._watched.discard(pending.index)
             self._progress = time.monotonic()
-            while not self._live and self._deferred:
+            while not self._watched and self._deferred:
                 try:
                     self._issue(self._deferred.popleft())
                 except BaseException:   # noqa: BLE001 - kept as that call's outcome
@@ -131,7 +147,7 @@ class Engine:
             idle = time.monotonic() - self._progress
             if pending.index is not None or pending.settled.is_set() or idle <= pending.group.timeout + ABORT_GRACE:
                 return
-            blocking = ", ".join(p.what for _, p in sorted(self._live.items()))
+            blocking = ", ".join(self._live[i].what for i in sorted(self._watched))
         reason = (f"{pending.what}: not issued after {idle:.0f} s, because the callbacks of {blocking} have "
                   f"not returned (calls are issued only after earlier calls' callbacks, so that every "
                   f"rank issues the same sequence); the communicator was aborted")

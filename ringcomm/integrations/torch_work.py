@@ -110,6 +110,7 @@ class Pending:
         self._launches = launches
         self.works: list = []
         self.index: Optional[int] = None     # place in the communicator's issue order, once issued
+        self.watched = False                 # Python was given its future (torch_engine.py)
         self.issued = time.perf_counter()
         self.deadline: Optional[float] = None
         self.error: Optional[BaseException] = None
@@ -259,7 +260,10 @@ class Work(dist.Work):
 
     def get_future(self):
         p = self._pending
-        return p.typed_future() if call_site() == p.site else p.future
+        if call_site() == p.site:
+            return p.typed_future()
+        p.group.engine.watch(p)
+        return p.future
 
     def __repr__(self) -> str:
         state = "pending" if not self.is_completed() else "failed" if self._pending.error else "done"
