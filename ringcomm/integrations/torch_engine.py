@@ -25,10 +25,12 @@ waits for a call made later *outside* callbacks would wait forever; the queue's 
 turns that into an error and aborts the communicator.
 
 **Completion.** One thread at a time *leads*: it waits for the oldest issued call's ringcomm
-Works. Before it completes that call's futures (running their callbacks, which may block, as
-PowerSGD's do until their own all-reduce is back), it passes the lead to an idle thread,
-starting one when none is idle and calls are queued; ``submit`` starts one too when nobody leads
-or idles. Up to two idle threads are kept; the rest end.
+Works. Before it completes a watched call's futures (running their callbacks, which may block,
+as PowerSGD's do until their own all-reduce is back), it passes the lead to an idle thread,
+starting one when none is idle and calls are queued. An unwatched call has only the Engine's
+own callbacks, so the leader completes it itself and leads on, without a thread hand-off;
+should Python ask for that future meanwhile, ``watch`` passes the lead on for it. ``submit``
+starts a thread when nobody leads or idles. Up to two idle threads are kept; the rest end.
 """
 from __future__ import annotations
 
@@ -55,6 +57,7 @@ class Engine:
         self._last: Optional[Pending] = None      # the latest call submitted
         self._progress = time.monotonic()         # last time a call settled or finished callbacks
         self._leading = False
+        self._inline: Optional[Pending] = None     # completed by the leading thread, still leading
         self._idle = 0
         self._started = 0
         self._closed = False
@@ -95,11 +98,14 @@ class Engine:
         self._callbacks_returned(pending)
 
     def watch(self, pending: Pending) -> None:
-        """Python was given ``pending``'s future: callbacks on it may issue collectives."""
+        """Python was given ``pending``'s future: callbacks on it may issue collectives, or block."""
         with self._cv:
             pending.watched = True
             if pending.index in self._live:
                 self._watched.add(pending.index)
+            if self._inline is pending:   # being completed by the leading thread: take its lead
+                self._inline = None
+                self._hand_on_lead()
 
     def _await_turn(self, parent: int, pending: Pending) -> None:
         limit = time.monotonic() + pending.group.timeout
@@ -203,20 +209,31 @@ class Engine:
                 pending.fail(pending.error or CommError(f"{pending.what}: never issued"))
             with self._cv:
                 self._account(pending)
-                self._leading = False
                 self._progress = time.monotonic()
-                if self._queue and self._idle == 0:
-                    self._start_thread()
-                self._cv.notify_all()
+                if pending.watched:
+                    self._hand_on_lead()
+                else:
+                    self._inline = pending   # only our own callbacks: publish it still leading
             self._local.publishing = pending.index
             try:
                 pending.publish()
             finally:
                 self._local.publishing = None
+            with self._cv:
+                if self._inline is pending:  # nobody asked for its future meanwhile: lead on
+                    self._inline = None
+                    self._leading = False    # and take it again at once, without a hand-off
             self._callbacks_returned(pending)
             with self._cv:
                 if self._idle >= self.KEEP_IDLE:
                     return
+
+    def _hand_on_lead(self) -> None:
+        """Under the lock: another thread settles the next calls while this one runs callbacks."""
+        self._leading = False
+        if self._queue and self._idle == 0:
+            self._start_thread()
+        self._cv.notify_all()
 
     def _account(self, pending: Pending) -> None:
         # Collectives run one at a time, so each one's share starts at its issue or at the
