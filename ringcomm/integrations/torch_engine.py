@@ -151,7 +151,7 @@ class Engine:
         """Called by a waiter on a queued call: fail the queue once nothing moved for too long."""
         with self._cv:
             idle = time.monotonic() - self._progress
-            if pending.index is not None or pending.settled.is_set() or idle <= pending.group.timeout + ABORT_GRACE:
+            if pending.index is not None or pending.done.is_set() or idle <= pending.group.timeout + ABORT_GRACE:
                 return
             blocking = ", ".join(self._live[i].what for i in sorted(self._watched))
         reason = (f"{pending.what}: not issued after {idle:.0f} s, because the callbacks of {blocking} have "
@@ -176,7 +176,7 @@ class Engine:
         with self._cv:
             last = self._last
         end = time.monotonic() + timeout
-        while last is not None and not last.settled.wait(min(0.5, max(0.0, end - time.monotonic()))):
+        while last is not None and not last.done.wait(min(0.5, max(0.0, end - time.monotonic()))):
             if time.monotonic() >= end:
                 return False
             self.check_stall(last)

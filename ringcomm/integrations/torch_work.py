@@ -114,14 +114,10 @@ class Pending:
         self.issued = time.perf_counter()
         self.deadline: Optional[float] = None
         self.error: Optional[BaseException] = None
-        self.settled = threading.Event()   # outcome known (set by the leading completer thread)
-        self.done = threading.Event()      # ... and the future completed: what wait() waits for
-        self._signal = torch.futures.Future()
-        self.future = self._signal.then(self._value_or_raise)   # a real C++ error when it fails
-        # First callback on the future, so it runs before anyone else's: wait() returns once
-        # get_future().value() is readable, as with torch's backends, without waiting for callbacks.
-        self.future.add_done_callback(lambda _: self.done.set())
-        self._typed = None
+        self.done = threading.Event()      # outcome known and the future completed: wait() waits for it
+        # The futures are made when asked for: most calls are only waited on.
+        self._signal = self._future = self._typed = None
+        self._published = False
         self._lock = threading.Lock()
 
     def launch(self, index: int) -> None:
@@ -148,17 +144,34 @@ class Pending:
                 self.finish()
         except BaseException as err:   # kept for wait() and the futures
             self.error = self._named(err)
-        self.settled.set()
 
     def _value_or_raise(self, signal):
         if self.error is not None:
             raise self.error
         return self.result
 
+    @property
+    def future(self):
+        """The future Python callers get: completed by the Engine, a real C++ error on failure
+        (it is the ``then`` child of a signal)."""
+        with self._lock:
+            if self._future is None:
+                self._signal = torch.futures.Future()
+                self._future = self._signal.then(self._value_or_raise)
+                if self._published:
+                    self._signal.set_result(None)
+                else:
+                    # The first callback on it runs before anyone else's: wait() returns once
+                    # get_future().value() is readable, as with torch's backends, without
+                    # waiting for other callbacks.
+                    self._future.add_done_callback(lambda _: self.done.set())
+            return self._future
+
     def typed_future(self):
+        future = self.future
         with self._lock:
             if self._typed is None:
-                self._typed = _typed_after(self.future, self.result)
+                self._typed = _typed_after(future, self.result)
             return self._typed
 
     def settle(self) -> None:
@@ -179,12 +192,10 @@ class Pending:
                 self.finish()
         except BaseException as err:   # kept for wait() and the futures
             self.error = self.error or self._named(err)
-        self.settled.set()
 
     def fail(self, err: BaseException) -> None:
         """The outcome of a call that will never be issued."""
         self.error = err
-        self.settled.set()
 
     def _named(self, err: BaseException) -> BaseException:
         """``err``, its message led by this collective's name and number when it lacks them
@@ -210,8 +221,14 @@ class Pending:
         return CommTimeoutError(reason)
 
     def publish(self) -> None:
-        """Complete the futures. Their callbacks run here, in this thread."""
-        self._signal.set_result(None)
+        """Complete the futures, if any were asked for. Their callbacks run here, in this thread."""
+        with self._lock:
+            self._published = True
+            signal = self._signal
+        if signal is None:
+            self.done.set()
+        else:
+            signal.set_result(None)
 
     def wait(self, timeout: Optional[float]) -> None:
         if timeout is not None:

@@ -150,6 +150,7 @@ ours, theirs = first_failure("ringcomm", None), first_failure("gloo", gloo)
 assert ours == theirs and ours[0] == 2 and "_orthogonalize" in ours[1], (ours, theirs)
 print("check batched_powersgd ok (fails in torch's _orthogonalize at step 2, as on gloo)", flush=True)
 
+dist.barrier()   # batched PowerSGD fails before step 2 communicates: no rank leaves early
 dist.destroy_process_group()
 print(f"rank {R} done", flush=True)
 os._exit(0)   # see ddp_torch_backend.py: torch's gloo/TCPStore teardown is not what is tested
