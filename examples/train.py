@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import ddp
 import ringcomm
-from ringcomm import torch_backend
+from ringcomm.integrations import torch_backend
 
 
 class MajorityTransformer(nn.Module):

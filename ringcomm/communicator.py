@@ -29,6 +29,7 @@ from .core.schedule import DEFAULT_SEGMENT_BYTES, Recv, Send, Shape
 from .diagnostics import preflight
 from .diagnostics.flight_recorder import FlightRecorder
 from .errors import CommError, CommTimeoutError, MismatchError, PeerAbortedError, UsageError, bad_type, bad_value
+from .persistent import _SLOW, FastCalls, Persistent, fast_round
 from .selection.selector import Selector
 from .transport.base import Transport
 from .work import Work
@@ -77,6 +78,7 @@ class Communicator:
         self.recorder = FlightRecorder(self.rank)
         self._entry = None                 # flight-recorder entry of the running call
         self._plans: dict = {}            # call shape -> what _plan worked out for it
+        self._fast = FastCalls()           # small in-place all_reduce calls seen before (persistent.py)
         self._plans_for = self.selector
         self.debug = env.get("RINGCOMM_DEBUG")
         self.check_finite = env.get("RINGCOMM_CHECK_FINITE")
@@ -90,7 +92,26 @@ class Communicator:
     # ---- collectives ------------------------------------------------------------------------------
     def all_reduce(self, x, op="sum", *, out=None, algorithm=None, async_op=False):
         """Every rank ends with the reduction of every rank's x (in x, or in ``out``)."""
-        return self._start(ALL_REDUCE.prepare(self, x, op, out), algorithm, async_op)
+        plain = out is None and algorithm is None and not async_op
+        if plain:   # a small in-place call on an array seen before: the persistent road (persistent.py)
+            fast = self._fast.get(x, op)
+            if fast is not None:
+                result = fast.run()
+                if result is not _SLOW:
+                    return result
+        call = ALL_REDUCE.prepare(self, x, op, out)
+        result = self._start(call, algorithm, async_op)
+        if plain and call.in_place and self.size > 1:
+            window = fast_round(self, call, self._plan_for(call, None))
+            if window is not None:
+                self._fast.remember(x, op, window)
+        return result
+
+    def all_reduce_init(self, x, op="sum", *, out=None, algorithm=None) -> Persistent:
+        """A persistent all_reduce (MPI_Allreduce_init): checked and planned now, run by ``p()``
+        (blocking) or ``p.start()`` (a Work) as often as needed on the same buffers."""
+        call = ALL_REDUCE.prepare(self, x, op, out)
+        return Persistent(self, call, self._check_algorithm(call, algorithm))
 
     def broadcast(self, x, root=0, *, algorithm=None, async_op=False):
         """Every rank's x becomes root's x."""
@@ -238,7 +259,9 @@ class Communicator:
 
     # ---- execution --------------------------------------------------------------------------------
     def _start(self, call: Call, algorithm, async_op: bool):
-        algorithm = self._check_algorithm(call, algorithm)
+        return self._start_prepared(call, self._check_algorithm(call, algorithm), async_op)
+
+    def _start_prepared(self, call: Call, algorithm: Optional[str], async_op: bool):
         collective = call.collective
 
         def job(seq):
@@ -283,6 +306,10 @@ class Communicator:
         with self.transport.stage(tuple(a for a in (inp, out) if a is not None)):
             executor.run(plan.program, self.transport, bufs, plan.reduce, envelope=envelope, timeout=self.timeout,
                          what=what)
+
+    @staticmethod
+    def _logging() -> bool:
+        return _log.isEnabledFor(logging.INFO)
 
     @staticmethod
     def _what(call: Call, seq: int, algorithm: str) -> str:
@@ -375,6 +402,11 @@ class Communicator:
             if self._preflight_on and call.collective.name != "split":
                 self._preflight(seq, call)
             result = job(seq)
+        except PeerAbortedError as err:
+            entry.state = "failed: PeerAbortedError"
+            err = self._with_reason(err, f"{call.name} #{seq} on rank {self.rank}")
+            self._fail(err)
+            raise err
         except CommError as err:
             entry.state = f"failed: {type(err).__name__}"
             self._fail(err)
@@ -394,6 +426,21 @@ class Communicator:
         preflight.check(self.transport, self.timeout, f"{call.name} #{seq}", mine,
                         check_fields=self.debug == "detail")
 
+    def _with_reason(self, err: PeerAbortedError, what: str) -> PeerAbortedError:
+        """A transport that saw a peer give up (a flag in shared memory, a released wait) knows
+        only that it did; the peer's abort notice says why. Read it, if it came."""
+        if " gave up: " in str(err):
+            return err
+        try:
+            notice = self.transport.probe(None, ABORT_TAG)
+            if notice is None:
+                return err
+            better = PeerAbortedError(f"{what}: {executor.read_notice(self.transport, notice)}")
+        except CommError:
+            return err
+        better.__cause__ = err
+        return better
+
     def _fail(self, err: CommError) -> None:
         """The communicator is broken from now on; tell the peers so that they fail fast too."""
         first = self._broken is None
@@ -408,6 +455,9 @@ class Communicator:
                         self._notices.append(self.transport.isend(text, peer, ABORT_TAG))
                     except CommError:
                         pass   # that peer is gone too: nothing to tell it
+        window = self.transport.window
+        if first and window is not None:   # after the notices: a peer that sees the poison finds why
+            window.poison()
 
     # ---- point to point ---------------------------------------------------------------------------
     def _point_to_point(self, call: Call, async_op: bool):
@@ -522,8 +572,9 @@ _SPLIT = _Split()
 
 
 def _context_id(path: tuple) -> int:
-    """A 31-bit id for a sub-communicator, the same on every member: its path of splits from the
-    world (which split of which parent, which color). Transports keep streams apart with it."""
+    """A 29-bit id for a sub-communicator, the same on every member: its path of splits from the
+    world (which split of which parent, which color). Transports keep streams apart with it above
+    bit 32 of a tag, whose 62 bits it must fit."""
     digest = hashlib.blake2b(repr(path).encode(), digest_size=4).digest()
-    return (int.from_bytes(digest, "little") & 0x7FFFFFFF) or 1
+    return (int.from_bytes(digest, "little") & 0x1FFFFFFF) or 1
 

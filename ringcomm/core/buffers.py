@@ -6,6 +6,7 @@ memory with the user's tensor or array: collectives work in place on it.
 """
 from __future__ import annotations
 
+import ctypes
 import functools
 import sys
 from dataclasses import dataclass
@@ -65,20 +66,36 @@ def as_buffer(x, collective: str, argument: str) -> Buffer:
 
 
 def _torch_buffer(x, collective: str, argument: str) -> Buffer:
-    torch = _torch()
     name = _torch_dtype_names().get(x.dtype)
     if name is None:
         raise bad_type(collective, argument, f"a tensor of dtype {_SUPPORTED}", f"dtype {x.dtype}")
     if not x.is_contiguous():
         raise bad_value(collective, argument, "a contiguous tensor (call .contiguous() first)",
                         f"a non-contiguous tensor with strides {tuple(x.stride())}")
+    if x.is_cpu:
+        dtype = DTYPES[name]
+        return Buffer(x, host_view(x.data_ptr(), x.numel() * dtype.itemsize, dtype.storage), dtype, "torch", "cpu")
     if x.device.type == "cuda":
         return Buffer(x, _cuda_flat(x, name, collective, argument), DTYPES[name], "torch", "cuda")
-    if x.device.type != "cpu":
-        raise bad_value(collective, argument, "a CPU or CUDA tensor", f"a tensor on {x.device}")
-    t = x.detach().reshape(-1)
-    flat = t.view(torch.int16).numpy().view(np.uint16) if name == "bfloat16" else t.numpy()
-    return Buffer(x, flat, DTYPES[name], "torch", "cpu")
+    raise bad_value(collective, argument, "a CPU or CUDA tensor", f"a tensor on {x.device}")
+
+
+_RAW_TYPES: dict = {}   # nbytes -> ctypes char array type (a type per size; a job uses a handful)
+
+
+def host_view(ptr: int, nbytes: int, storage: np.dtype) -> np.ndarray:
+    """A flat numpy view of host memory at ``ptr``, made from its address. For torch tensors this
+    replaces Tensor.numpy(), which costs 4x more and marks the tensor's storage non-resizable for
+    good (torch's PowerSGD hook resizes DDP's buckets). The view does not keep the memory alive:
+    the Buffer holding it keeps the tensor."""
+    if not nbytes:
+        return np.empty(0, storage)
+    raw = _RAW_TYPES.get(nbytes)
+    if raw is None:
+        if len(_RAW_TYPES) > 256:
+            _RAW_TYPES.clear()
+        raw = _RAW_TYPES[nbytes] = ctypes.c_char * nbytes
+    return np.frombuffer(raw.from_address(ptr), storage)
 
 
 def _cuda_flat(x, name: str, collective: str, argument: str):

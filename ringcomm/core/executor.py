@@ -19,6 +19,7 @@ import numpy as np
 
 from ..errors import CommTimeoutError, MismatchError, PeerAbortedError
 from ..transport.base import Reducer, Transport
+from ..transport.window import POISON
 from .envelope import ABORT_TAG, Envelope, stamp_parts
 from .schedule import TMP, Copy, Recv, RecvReduce, Send, lanes_of, prologue_of, scratch_elements, sends_first
 
@@ -239,6 +240,9 @@ def _run_lanes(lanes, transport, bufs, like, reduce, base, watch: _Watch) -> Non
         slice_ = 0.0 if moved else min(POLL_SLICE, 2 * slice_ or 10e-6)   # back off while nothing moves
 
 
+NOTICE_GRACE = 1.0   # seconds a rank that sees a peer's poison waits for that peer's reason
+
+
 class WindowGuard:
     """What a one-shot round needs when it goes wrong, built only then (the fast path never pays
     for it), under the same deadline and diagnosis as a program: a stalled round probes the
@@ -255,6 +259,15 @@ class WindowGuard:
 
     def mismatch(self, peer: int, stamp: int) -> None:
         """``stamp`` is the peer's window stamp (envelope.window_stamp)."""
+        if stamp == POISON:   # the peer gave up: its abort notice (sent before the poison) says why
+            transport = self.watch.transport
+            notice, until = None, time.monotonic() + NOTICE_GRACE
+            while notice is None and time.monotonic() < until:
+                notice = transport.probe(None, ABORT_TAG)
+                if notice is None:
+                    time.sleep(1e-4)
+            why = read_notice(transport, notice) if notice is not None else f"rank {peer} gave up"
+            raise PeerAbortedError(f"{self.what} on rank {self.rank}: {why}")
         tag, count = stamp_parts(stamp)
         reason = self.envelope.describe_mismatch(tag, peer)
         if reason is None and count != self.count:
