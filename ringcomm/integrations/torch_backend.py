@@ -16,7 +16,8 @@ them in issue order) and returns a c10d Work built from a ``torch.futures.Future
 thread waits on the ringcomm Works in that same order and completes the futures, so torch's DDP
 (which chains ``get_future().then(...)``) keeps computing backward while buckets are on the wire.
 Tensors the communicator cannot take in place (CUDA for a CPU-only backend, non-contiguous ones)
-go through a contiguous host copy, written back before the future completes.
+go through a contiguous host copy, written back before the future completes; CUDA tensors stay on
+the device where the communicator lists "cuda" in ``comm.devices`` (ringcomm over CUDA IPC, nccl).
 """
 from __future__ import annotations
 
@@ -57,6 +58,8 @@ def _op(opts, collective: str) -> str:
 
 
 def _accepts(comm, t: torch.Tensor) -> bool:
+    """Whether ``comm`` takes ``t`` in place (``comm.devices``: CUDA tensors too where CUDA IPC or
+    NCCL carries them); otherwise a contiguous host copy goes instead."""
     on_device = t.device.type == "cpu" or t.device.type in getattr(comm, "devices", ("cpu",))
     return on_device and t.is_contiguous()
 
@@ -206,7 +209,7 @@ class RingcommProcessGroup(dist.ProcessGroup):
                             f"{self._size * input.numel()} elements of {input.dtype}",
                             f"{output.numel()} elements of {output.dtype}")
         out_t, back = self._staged(output)
-        xin = _bytes(input.detach().to("cpu").contiguous())
+        xin = _bytes(_alike(input, out_t))
         out_raw = _bytes(out_t)
         return self._submit(lambda: self.comm.all_gather(out_raw, xin, async_op=True), [output], back)
 
@@ -231,7 +234,7 @@ class RingcommProcessGroup(dist.ProcessGroup):
             raise bad_value("reduce_scatter_tensor", "input", f"{self._size * output.numel()} elements",
                             f"{input.numel()} elements")
         out_t, back = self._staged(output)
-        x = input.detach().to("cpu").contiguous().reshape(-1)
+        x = _alike(input, out_t).reshape(-1)
         return self._submit(lambda: self.comm.reduce_scatter(out_t.view(-1), x, op=op, async_op=True),
                             [output], back)
 
@@ -258,9 +261,17 @@ def _join(works: list, result):
     return _create_work_from_future(fut)
 
 
-def _bytes(t) -> np.ndarray:
-    """A flat uint8 numpy view of a contiguous CPU tensor's memory (any dtype)."""
-    return t.detach().reshape(-1).view(torch.uint8).numpy()
+def _bytes(t):
+    """A flat uint8 view of a contiguous tensor's memory (any dtype): numpy for a CPU tensor (the
+    cheaper way into ringcomm), a torch view for a CUDA one (ringcomm takes it as device memory)."""
+    flat = t.detach().reshape(-1).view(torch.uint8)
+    return flat.numpy() if flat.device.type == "cpu" else flat
+
+
+def _alike(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``x`` contiguous on the device of ``like`` (the input of a call whose output is ``like``:
+    a call's buffers must share one device)."""
+    return x.detach().to(like.device).contiguous()
 
 
 # ---- registration and rendezvous --------------------------------------------------------------
