@@ -4,13 +4,20 @@ Nothing but mpirun is needed (no MASTER_ADDR, no torchrun): MPI supplies rank an
 reference backends arrange their own rendezvous over it. ``RINGCOMM_BACKEND`` picks the backend
 when the caller does not, so one training script compares backends without edits;
 ``RINGCOMM_TIMEOUT`` sets the default deadline (seconds) of every collective.
+
+Other launchers' variables are read only to refuse a job MPI does not know about: under
+torchrun (or srun without MPI wired to Slurm) every process initialises MPI alone and would get
+a world of its own, so N unsynchronised replicas would train. See ``launcher_views``.
 """
 from __future__ import annotations
 
+import logging
 import math
+import os
 import socket
 import sys
-from typing import Optional
+from dataclasses import dataclass
+from typing import Mapping, Optional
 
 from . import env
 from .backends import NAMES, communicator_class
@@ -25,11 +32,15 @@ def init(backend: Optional[str] = None, *, timeout: Optional[float] = None) -> C
     ``backend``: "ringcomm" (default; ringcomm's algorithms over shared memory within a node
     and MPI between nodes), "mpi", "gloo" or "nccl". ``timeout``: seconds any one collective may
     take before it raises CommTimeoutError (default ``RINGCOMM_TIMEOUT`` or 300).
+    Raises UsageError on every rank when torchrun's or Slurm's variables describe another job
+    than MPI does (``launcher_views``).
     """
     env.check_all()
     backend = _backend(backend)
     timeout = _timeout(timeout)
+    views = launcher_views()
     MPI = _mpi()
+    _agree_with_launchers(MPI.COMM_WORLD, views)
     from .topology import discover
     world = MPI.COMM_WORLD.Dup()
     topology = discover(world)
@@ -88,3 +99,126 @@ def _mpi():
                          f"thread calls MPI; set mpi4py.rc.thread_level = 'multiple' before importing "
                          f"mpi4py.MPI, or let ringcomm.init() import it")
     return MPI
+
+
+# ---- other launchers ----------------------------------------------------------------------------
+_log = logging.getLogger("ringcomm.init")
+_MPIRUN_HINT = ("ringcomm takes rank and size from MPI: launch with mpirun (for example "
+                "`mpirun -n {n} python script.py`); torchrun support, through its store, is coming "
+                "in another change")
+
+
+@dataclass(frozen=True)
+class LauncherView:
+    """What one launcher's variables say about this process."""
+    launcher: str               # "torchrun" or "Slurm"
+    rank: Optional[int]
+    size: Optional[int]
+    text: str                   # the variables as set, for messages: "RANK=1 WORLD_SIZE=2"
+
+    def claims_company(self) -> bool:
+        """Does it say this process is one of several?"""
+        return (self.size or 1) > 1 or (self.rank or 0) > 0
+
+
+# (launcher, rank variable, size variable, further variables checked as a (rank, size) pair)
+_LAUNCHERS = (
+    ("torchrun", "RANK", "WORLD_SIZE", ("LOCAL_RANK", "LOCAL_WORLD_SIZE")),
+    ("Slurm", "SLURM_PROCID", "SLURM_NTASKS", None),
+)
+
+
+def launcher_views(environ: Optional[Mapping[str, str]] = None) -> list:
+    """torchrun's (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE) and Slurm's (SLURM_PROCID,
+    SLURM_NTASKS) variables, parsed; a value that is not a rank or a count below/above what it
+    pairs with raises UsageError naming the variable. Open MPI's, MPICH's and PMI's variables are
+    MPI's own business: MPI reads them."""
+    environ = os.environ if environ is None else environ
+    views = []
+    for launcher, rank_var, size_var, local in _LAUNCHERS:
+        rank, size = _pair(environ, launcher, rank_var, size_var)
+        if local is not None:
+            local_rank, local_size = _pair(environ, launcher, *local)
+            if local_size is not None and size is not None and local_size > size:
+                raise UsageError(f"init: {local[1]}={local_size} exceeds {size_var}={size} ({launcher}'s "
+                                 f"processes on this node cannot outnumber those of the job)")
+        if rank is None and size is None:
+            continue
+        names = (rank_var, size_var) + (local or ())
+        text = " ".join(f"{n}={environ[n].strip()}" for n in names if (environ.get(n) or "").strip())
+        views.append(LauncherView(launcher, rank, size, text))
+    return views
+
+
+def _pair(environ, launcher: str, rank_var: str, size_var: str) -> tuple:
+    rank = _count(environ, launcher, rank_var, 0, "a rank (an integer >= 0)")
+    size = _count(environ, launcher, size_var, 1, "a number of processes (an integer >= 1)")
+    if rank is not None and size is not None and rank >= size:
+        raise UsageError(f"init: {rank_var}={rank} is not below {size_var}={size} ({launcher}'s rank "
+                         f"must be less than its number of processes)")
+    return rank, size
+
+
+def _count(environ, launcher: str, name: str, least: int, expected: str) -> Optional[int]:
+    text = (environ.get(name) or "").strip()
+    if not text:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < least:
+        raise UsageError(f"init: {name}={text!r}: expected {expected}; {launcher} sets it, and so may a "
+                         f"shell or job script (unset it if this job is not started by {launcher})")
+    return value
+
+
+def launcher_problem(mpi_rank: int, mpi_size: int, views: list) -> Optional[str]:
+    """Why the launchers' views cannot be this MPI job, or None.
+
+    MPI alone while a launcher says the job has several processes: the silent world of one.
+    MPI with several ranks: torchrun's view must match it exactly. Slurm's is not compared then:
+    mpirun inside an allocation starts its per-node daemons with srun, so SLURM_PROCID and
+    SLURM_NTASKS count those daemons, not the ranks.
+    """
+    if mpi_size == 1:
+        crowd = [v for v in views if v.claims_company()]
+        if not crowd:
+            return None
+        n = max(v.size or (v.rank or 0) + 1 for v in crowd)
+        said = " and ".join(f"{v.launcher}'s variables ({v.text})" for v in crowd)
+        slurm = (" Under Slurm, run mpirun inside the allocation (or srun with MPI wired to Slurm's "
+                 "PMI, e.g. srun --mpi=pmi2)." if any(v.launcher == "Slurm" for v in crowd) else "")
+        return (f"init: MPI started this process alone (rank 0 of an MPI world of 1), but {said} say "
+                f"it is one of {n} processes. Each process would get a world of its own and {n} "
+                f"unsynchronised copies would train. {_MPIRUN_HINT.format(n=n)}.{slurm}")
+    for v in views:
+        if v.launcher == "torchrun" and ((v.size is not None and v.size != mpi_size)
+                                         or (v.rank is not None and v.rank != mpi_rank)):
+            return (f"init: MPI says this is rank {mpi_rank} of {mpi_size}, but torchrun's variables say "
+                    f"{v.text}. Launch with mpirun alone, or unset those variables if they were left "
+                    f"over from another job. {_MPIRUN_HINT.format(n=mpi_size)}.")
+    return None
+
+
+def _agree_with_launchers(world, views: list) -> None:
+    """Raise the launcher problem on every rank (some ranks may not see one), before any other
+    communication; at RINGCOMM_DEBUG=info, say when this is a world of one."""
+    mine = launcher_problem(world.Get_rank(), world.Get_size(), views)
+    if world.Get_size() == 1:
+        if mine is not None:
+            raise UsageError(mine)
+    else:
+        ranks_of: dict = {}
+        for rank, text in enumerate(world.allgather(mine)):
+            if text is not None:
+                ranks_of.setdefault(text, []).append(rank)
+        if ranks_of:
+            raise UsageError(" | ".join(f"rank{'s' * (len(rs) > 1)} {', '.join(map(str, rs))}: {text}"
+                                        for text, rs in ranks_of.items()))
+    if world.Get_size() == 1:
+        from .selection.selector import configure_debug_logging
+        configure_debug_logging()
+        said = " and ".join(f"{v.launcher}'s variables ({v.text})" for v in views)
+        _log.info("init: a world of 1 process: MPI started this process alone, and %s", said or
+                  "no torchrun or Slurm variables say otherwise")

@@ -1,0 +1,104 @@
+"""ringcomm.init() and other launchers' variables: garbage is named, a silent world of one is refused."""
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from mpi_util import JOBS, ROOT
+from ringcomm import UsageError
+from ringcomm.init import launcher_problem, launcher_views
+
+LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS")
+
+
+@pytest.mark.parametrize("environ, named", [
+    ({"WORLD_SIZE": "abc"}, "WORLD_SIZE='abc'"),
+    ({"RANK": "-1", "WORLD_SIZE": "2"}, "RANK='-1'"),
+    ({"LOCAL_RANK": "one"}, "LOCAL_RANK='one'"),
+    ({"WORLD_SIZE": "0"}, "WORLD_SIZE='0'"),
+    ({"SLURM_NTASKS": "2.5"}, "SLURM_NTASKS='2.5'"),
+    ({"RANK": "2", "WORLD_SIZE": "2"}, "RANK=2 is not below WORLD_SIZE=2"),
+    ({"SLURM_PROCID": "4", "SLURM_NTASKS": "4"}, "SLURM_PROCID=4 is not below SLURM_NTASKS=4"),
+    ({"LOCAL_WORLD_SIZE": "4", "WORLD_SIZE": "2"}, "LOCAL_WORLD_SIZE=4 exceeds WORLD_SIZE=2"),
+])
+def test_garbage_launcher_variables_are_usage_errors_naming_them(environ, named):
+    with pytest.raises(UsageError, match=named.replace(".", r"\.")):
+        launcher_views(environ)
+
+
+def test_views_read_what_is_set():
+    views = launcher_views({"RANK": " 1 ", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "SLURM_NTASKS": "4", "PATH": "/x"})
+    assert [(v.launcher, v.rank, v.size, v.text) for v in views] == [
+        ("torchrun", 1, 2, "RANK=1 WORLD_SIZE=2 LOCAL_RANK=1"), ("Slurm", None, 4, "SLURM_NTASKS=4")]
+    assert launcher_views({"LOCAL_RANK": "0"}) == []          # no job-wide variable: nothing to compare
+
+
+def test_mpi_alone_but_a_launcher_says_several_is_refused():
+    problem = launcher_problem(0, 1, launcher_views({"RANK": "1", "WORLD_SIZE": "2"}))
+    assert "MPI started this process alone" in problem and "RANK=1 WORLD_SIZE=2" in problem
+    assert "mpirun -n 2" in problem and "torchrun support" in problem
+    slurm = launcher_problem(0, 1, launcher_views({"SLURM_PROCID": "0", "SLURM_NTASKS": "4"}))
+    assert "one of 4 processes" in slurm and "Slurm" in slurm
+
+
+def test_agreeing_or_absent_launchers_pass():
+    assert launcher_problem(0, 1, []) is None
+    assert launcher_problem(0, 1, launcher_views({"RANK": "0", "WORLD_SIZE": "1"})) is None
+    assert launcher_problem(1, 2, launcher_views({"RANK": "1", "WORLD_SIZE": "2"})) is None
+    # mpirun inside a Slurm allocation: SLURM_* count mpirun's daemons, not the ranks.
+    assert launcher_problem(3, 8, launcher_views({"SLURM_PROCID": "0", "SLURM_NTASKS": "2"})) is None
+
+
+def test_mpi_and_torchrun_disagreeing_is_refused():
+    problem = launcher_problem(1, 2, launcher_views({"RANK": "0", "WORLD_SIZE": "2"}))
+    assert "MPI says this is rank 1 of 2" in problem and "RANK=0 WORLD_SIZE=2" in problem
+
+
+def _python(code: str, **env_vars) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS and not k.startswith("RINGCOMM_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env.update(env_vars)
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+
+
+INIT = "import ringcomm; comm = ringcomm.init(); print('size', comm.size)"
+
+
+def test_init_names_a_garbage_variable_before_starting_mpi():
+    proc = _python(INIT + "\n", WORLD_SIZE="abc")
+    assert proc.returncode != 0 and "UsageError: init: WORLD_SIZE='abc'" in proc.stderr, proc.stderr
+
+
+def test_init_refuses_a_torchrun_environment_without_mpi():
+    proc = _python(INIT, RANK="1", WORLD_SIZE="2", LOCAL_RANK="1", LOCAL_WORLD_SIZE="2")
+    assert proc.returncode != 0 and "size" not in proc.stdout, proc.stdout
+    assert "UsageError: init: MPI started this process alone" in proc.stderr, proc.stderr
+
+
+def test_a_world_of_one_says_so_at_debug_info():
+    proc = _python(INIT, RINGCOMM_DEBUG="info")
+    assert proc.returncode == 0 and "size 1" in proc.stdout, proc.stderr
+    assert "ringcomm INFO init: a world of 1 process" in proc.stderr, proc.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.mpi
+def test_torchrun_fails_on_every_rank_instead_of_a_world_of_one():
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS and not k.startswith("RINGCOMM_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    # torchrun ends the other workers once it sees one fail; looking every 5 s lets both fail first.
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master-addr=127.0.0.1",
+           f"--master-port={_free_port()}", "--monitor-interval=5", str(JOBS / "torchrun_world.py")]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "world size" not in proc.stdout, out
+    for rank in (0, 1):
+        assert f"RANK={rank} WORLD_SIZE=2" in out, f"rank {rank} did not refuse:\n{out}"
+    assert out.count("UsageError: init: MPI started this process alone") >= 2, out

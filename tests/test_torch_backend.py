@@ -1,0 +1,229 @@
+"""The torch.distributed backend "ringcomm": errors, futures, issue order, timeouts.
+
+In-process cases build ``RingcommProcessGroup`` over thread ranks (``run_threads``) and call it
+the way torch's Python API does; the mpirun jobs go through ``dist.*`` and torch's DDP.
+"""
+import random
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+import torch
+from torch._C._distributed_c10d import AllreduceOptions
+
+from mpi_util import run_mpi
+from ringcomm import CommError, CommTimeoutError, MismatchError, PeerAbortedError
+from ringcomm.integrations.torch_backend import RingcommProcessGroup, _Shared
+from ringcomm.integrations.torch_work import seconds
+from ringcomm.testing import run_threads
+
+
+def group_of(comm, timeout=None, shared=None):
+    return RingcommProcessGroup(shared or _Shared(comm, owned=False), comm.rank, comm.size, timeout)
+
+
+def opts(blocking=False):
+    o = AllreduceOptions()
+    o.asyncOp = not blocking
+    return o
+
+
+def test_results_and_typed_values():
+    def body(comm):
+        pg = group_of(comm)
+        t = torch.full((4,), float(comm.rank + 1))
+        work = pg.allreduce([t], opts())
+        assert work.wait() is True and work.is_completed() and work.is_success()
+        assert work.exception() is None and work.result() == [t]
+        assert work.get_future().value()[0] is t
+        blocking = torch.ones(3)
+        pg.allreduce([blocking], opts(blocking=True)).wait()     # the Engine runs it inline
+        return t.tolist(), blocking.tolist()
+    for reduced, ones in run_threads(2, body):
+        assert reduced == [3.0] * 4 and ones == [2.0] * 3
+
+
+@pytest.mark.parametrize("blocking", [False, True])
+def test_a_mismatch_raises_from_wait_and_from_the_future(blocking):
+    def body(comm):
+        pg = group_of(comm)
+        t = torch.ones(4 + 4 * comm.rank)
+        work = pg.allreduce([t], opts(blocking))
+        # The rank that sees the other's count raises MismatchError; the other may be released
+        # first by its abort notice (PeerAbortedError), which quotes it.
+        with pytest.raises(CommError, match=r"all_reduce #\d+.*differs in count"):
+            work.wait()
+        assert work.is_completed() and not work.is_success()
+        assert isinstance(work.exception(), (MismatchError, PeerAbortedError))
+        with pytest.raises(RuntimeError, match=r"Error: all_reduce #\d+.*differs in count"):
+            work.get_future().wait()
+        return t.sum().item()
+    assert run_threads(2, body) == [4.0, 8.0]   # neither tensor reduced
+
+
+def test_wait_timeout_raises_and_the_work_goes_on():
+    def body(comm):
+        pg = group_of(comm)
+        if comm.rank == 1:
+            time.sleep(0.5)
+        t = torch.ones(2)
+        work = pg.allreduce([t], opts())
+        if comm.rank == 0:
+            with pytest.raises(CommTimeoutError, match=r"all_reduce #\d+ on rank 0: not complete after work.wait"):
+                work.wait(timedelta(seconds=0.05))
+        work.wait()
+        return t.tolist()
+    assert run_threads(2, body) == [[2.0, 2.0]] * 2
+
+
+def test_group_timeout_shorter_than_the_communicators_fires_and_aborts():
+    def body(comm):
+        shared = _Shared(comm, owned=False)
+        group_of(comm, shared=shared)                  # the world group: the communicator's 30 s
+        pg = group_of(comm, timeout=0.3, shared=shared)
+        assert comm.timeout == 30
+        if comm.rank == 0:
+            t0 = time.monotonic()
+            with pytest.raises(CommTimeoutError, match="process group's timeout of 0.3 s; the communicator was aborted"):
+                pg.allreduce([torch.ones(2)], opts()).wait()
+            return time.monotonic() - t0
+        time.sleep(1.5)
+        return None
+    took = run_threads(2, body, timeout=30)[0]
+    assert took < 10
+
+
+def test_callbacks_may_block_on_later_collectives_and_issue_in_one_order():
+    """Callbacks issue collectives and wait for them (PowerSGD's pattern) while the main thread
+    keeps issuing; random delays make every rank's timing differ. Each nested all-reduce carries
+    its bucket's number, equal in size for every bucket: issued in different orders on two
+    ranks, they would be summed across buckets without any error."""
+    buckets = 6
+
+    def body(comm):
+        pg = group_of(comm)
+        rng = random.Random(comm.rank)
+        sums = {}
+
+        def callback_for(b):
+            def callback(fut):
+                time.sleep(rng.random() * 0.01)
+                tag = torch.full((8,), float(b))
+                pg.allreduce([tag], opts()).get_future().wait()
+                sums[b] = tag[0].item()
+                return fut.value()
+            return callback
+
+        futures = []
+        for b in range(buckets):
+            time.sleep(rng.random() * 0.01)
+            futures.append(pg.allreduce([torch.ones(8)], opts()).get_future().then(callback_for(b)))
+        for f in futures:
+            f.wait()
+        return sums
+    for sums in run_threads(2, body, timeout=30):
+        assert sums == {b: 2.0 * b for b in range(buckets)}
+
+
+def test_set_timeout_reaches_the_communicator():
+    def body(comm):
+        pg = group_of(comm)
+        pg.set_timeout(timedelta(seconds=9))
+        with pytest.raises(ValueError, match='"timeout"'):
+            pg.set_timeout(timedelta(0))
+        return comm.timeout, pg.timeout
+    assert run_threads(2, body) == [(9.0, 9.0)] * 2
+
+
+def test_seconds_reads_c10d_timeouts():
+    assert seconds(None) is None and seconds(timedelta(0)) is None      # kNoTimeout
+    assert seconds(timedelta(milliseconds=-1)) is None                    # kUnsetTimeout
+    assert seconds(timedelta(seconds=2.5)) == 2.5 and seconds(3) == 3.0
+
+
+def test_calls_after_a_slow_callback_wait_for_it_in_order():
+    """A call made outside callbacks is issued after earlier calls' callbacks return (so every
+    rank issues the same sequence); the caller is not blocked meanwhile unless it waits."""
+    def body(comm):
+        pg = group_of(comm)
+        if comm.rank == 1:
+            time.sleep(0.2)     # rank 0's callback is attached before its future completes
+        slow = pg.allreduce([torch.ones(1)], opts()).get_future().then(lambda f: time.sleep(0.3) or f.value())
+        t0 = time.monotonic()
+        later = torch.ones(2)
+        work = pg.allreduce([later], opts())          # queued: returns at once
+        queued_s = time.monotonic() - t0
+        work.wait()
+        slow.wait()
+        return queued_s, time.monotonic() - t0, later.tolist()
+    (queued_s, total_s, later), (_, _, later_1) = run_threads(2, body, timeout=30)
+    assert queued_s < 0.2 and total_s >= 0.25 and later == later_1 == [2.0, 2.0]
+
+
+def test_only_calls_behind_a_watched_future_queue():
+    """Nobody asked for the future: no Python callback can issue from it, so later calls go
+    straight to the communicator. Once Python holds an in-flight call's future, later calls
+    queue until its callbacks have returned."""
+    release = threading.Event()
+
+    def body(comm):
+        pg = group_of(comm)
+        plain = [pg.allreduce([torch.ones(2)], opts()) for _ in range(3)]
+        issued_at_once = all(w._pending.index is not None for w in plain)
+        if comm.rank == 1:
+            time.sleep(0.3)       # rank 0's callback is attached before its future completes
+        held = pg.allreduce([torch.ones(2)], opts()).get_future().then(lambda f: release.wait(10) and f.value())
+        after = pg.allreduce([torch.ones(2)], opts())
+        queued = after._pending.index is None
+        release.set()
+        after.wait()
+        held.wait()
+        for w in plain:
+            w.wait()
+        return issued_at_once, queued
+    (at_once_0, queued_0), (at_once_1, _) = run_threads(2, body, timeout=30)
+    assert at_once_0 and at_once_1 and queued_0
+
+
+def test_a_call_queued_behind_a_stuck_callback_fails_instead_of_hanging():
+    release = threading.Event()
+
+    def body(comm):
+        pg = group_of(comm, timeout=0.5)
+        if comm.rank == 1:
+            time.sleep(0.5)        # so that rank 0's callback is attached before its future completes
+            pg.allreduce([torch.ones(1)], opts()).wait()
+            with pytest.raises(CommError):   # rank 0 never issues it
+                pg.allreduce([torch.ones(1)], opts()).wait()
+            return
+        stuck = pg.allreduce([torch.ones(1)], opts()).get_future().then(lambda f: release.wait(30))
+        try:
+            with pytest.raises(CommTimeoutError, match=r"allreduce on rank 0: not issued after .*callbacks of "
+                                                       r"all_reduce #\d+"):
+                pg.allreduce([torch.ones(1)], opts()).wait()
+        finally:
+            release.set()
+        stuck.wait()
+    run_threads(2, body, timeout=30)
+
+
+def _passed(proc, names):
+    for name in names:
+        assert proc.stdout.count(f"check {name} ok") == 2, \
+            f"check {name} not passed on both ranks:\n{proc.stdout}\n{proc.stderr[-4000:]}"
+
+
+@pytest.mark.mpi
+def test_failures_raise_on_every_rank_through_torch_distributed():
+    proc = run_mpi(2, "torch_backend_faults.py", timeout=240)
+    names = [f"mismatch_{w}" for w in ("blocking", "wait", "future")] + \
+            [f"absent_{w}" for w in ("blocking", "wait", "future")] + ["group_timeout", "wait_timeout", "lifecycle"]
+    _passed(proc, names)
+
+
+@pytest.mark.mpi
+def test_torch_comm_hooks_train_like_on_gloo():
+    proc = run_mpi(2, "torch_comm_hooks.py", timeout=240)
+    _passed(proc, ["allreduce", "fp16_compress", "bf16_compress", "builtin_allreduce", "builtin_fp16_compress",
+                   "powersgd", "noop", "powersgd_many_buckets", "batched_powersgd"])
