@@ -26,12 +26,14 @@ from .core.envelope import (ABORT_TAG, Envelope, describe_p2p_mismatch, p2p_tag,
 from .core.ops import reducer
 from .core.progress import Engine, Pending, deadline_of
 from .core.schedule import DEFAULT_SEGMENT_BYTES, Recv, Send, Shape
+from .core.streams import scope_for
 from .diagnostics import preflight
 from .diagnostics.flight_recorder import FlightRecorder
 from .errors import CommError, CommTimeoutError, MismatchError, PeerAbortedError, UsageError, bad_type, bad_value
 from .persistent import _SLOW, FastCalls, Persistent, fast_round
 from .selection.selector import Selector
 from .transport.base import Transport
+from .transport.devices import cupy_installed
 from .work import Work
 
 DEFAULT_TIMEOUT = 300.0
@@ -79,6 +81,7 @@ class Communicator:
         self._entry = None                 # flight-recorder entry of the running call
         self._plans: dict = {}            # call shape -> what _plan worked out for it
         self._fast = FastCalls()           # small in-place all_reduce calls seen before (persistent.py)
+        self._devices: Optional[tuple] = None   # see ``devices``
         self._plans_for = self.selector
         self.debug = env.get("RINGCOMM_DEBUG")
         self.check_finite = env.get("RINGCOMM_CHECK_FINITE")
@@ -223,9 +226,13 @@ class Communicator:
         self.transport.close()
 
     def close(self) -> None:
-        """No further calls (they raise at once); calls already issued finish first."""
+        """No further calls (they raise at once); calls already issued finish first. Device
+        memory of the CUDA IPC transport is released (with every rank of the node that closes)."""
         self._closed = True
         self.engine.close(timeout=(self.timeout or DEFAULT_TIMEOUT) + 5)
+        close_device = getattr(self.transport, "close_device", None)
+        if close_device is not None:
+            close_device()
 
     def _allow_thread(self, thread: threading.Thread) -> None:
         """Let ``thread`` call on behalf of whichever thread has calls in flight (integrations
@@ -233,12 +240,25 @@ class Communicator:
         with self.engine.state:
             self.engine.delegates.add(thread)
 
+    @property
+    def devices(self) -> tuple:
+        """Where collectives take memory in place: ("cpu",), plus "cuda" when device memory can
+        travel here (cupy installed, and one rank, or every peer on this node over CUDA IPC).
+        DDP and the torch backend stage tensors of other devices through host memory."""
+        if self._devices is None:
+            refusal = getattr(self.transport, "device_refusal", None)
+            reachable = self.size == 1 or (refusal is not None and refusal(None) is None)
+            self._devices = ("cpu", "cuda") if reachable and cupy_installed() else ("cpu",)
+        return self._devices
+
     def __repr__(self) -> str:
         return f"<ringcomm.Communicator backend={self.backend} rank={self.rank} size={self.size}>"
 
     # ---- argument checks (calling rank, before any communication) ---------------------------------
     def _check_algorithm(self, call: Call, algorithm) -> Optional[str]:
         name = call.name
+        if call.device != "cpu":
+            self._check_device(call)
         if algorithm is None:
             return None
         if not isinstance(algorithm, str):
@@ -252,6 +272,25 @@ class Communicator:
             raise bad_value(name, "algorithm", f"an algorithm for uneven counts (not {algorithm}, which needs "
                             f"equal counts on every rank)", algorithm)
         return algorithm
+
+    def _check_device(self, call: Call) -> None:
+        """Device memory where this communicator cannot carry it: UsageError before the call."""
+        refusal = getattr(self.transport, "device_refusal", None)
+        if refusal is not None:
+            why = refusal(call.device)
+        elif self.size > 1:
+            why = (f"this communicator's {self.transport.name} transport carries host memory only; CUDA "
+                   f"tensors travel over CUDA IPC between ranks of one node (RINGCOMM_TRANSPORT=auto), "
+                   f"or through backend 'nccl'")
+        else:
+            why = None
+        forced = self.selector.forced.get(call.name)
+        if why is None and forced is not None and algorithms.is_window(call.name, forced):
+            schedules = ", ".join(n for n in algorithms.names(call.name) if not algorithms.is_window(call.name, n))
+            why = (f"RINGCOMM_ALGO forces {forced}, which runs on host shared memory only, and this call's "
+                   f"buffers are on {call.device}: force a schedule algorithm ({schedules})")
+        if why is not None:
+            raise UsageError(f"{call.name} on rank {self.rank}: {why}")
 
     def _window_for(self, call: Call):
         """The transport's shared window, if this call may use it (host memory only)."""
@@ -296,6 +335,8 @@ class Communicator:
                                 self.transport, Envelope(seq, call.collective.code, dname, plan.count),
                                 self.timeout, self._what(call, seq, plan.algorithm), started, call.count))
             return
+        if call.device != "cpu" and self.size > 1:
+            self._device_route(call, seq, plan.algorithm)
         envelope = Envelope(seq, call.collective.code, dname, plan.count)
         bufs = (inp, out, None)
         what = self._what(call, seq, plan.algorithm)
@@ -306,6 +347,24 @@ class Communicator:
         with self.transport.stage(tuple(a for a in (inp, out) if a is not None)):
             executor.run(plan.program, self.transport, bufs, plan.reduce, envelope=envelope, timeout=self.timeout,
                          what=what)
+
+    def _device_route(self, call: Call, seq: int, algorithm: str) -> None:
+        """The CUDA IPC transport, created by the first device call (a handshake over the node,
+        transport/routed.py) within this call's deadline, released by a peer's abort notice."""
+        create = getattr(self.transport, "device_transport", None)
+        if create is None:
+            return
+        left = None if self.timeout is None else max(0.0, self._entry.started + self.timeout - time.monotonic())
+        try:
+            create(left, self._peer_gave_up)
+        except CommError as err:
+            raise type(err)(f"{self._what(call, seq, algorithm)} on rank {self.rank}: setting up the CUDA IPC "
+                            f"transport: {err}") from err
+
+    def _peer_gave_up(self) -> Optional[str]:
+        """"rank R gave up: <its reason>" if a peer's abort notice waits here, else None."""
+        notice = self.transport.probe(None, ABORT_TAG)
+        return None if notice is None else executor.read_notice(self.transport, notice)
 
     @staticmethod
     def _logging() -> bool:
@@ -338,10 +397,6 @@ class Communicator:
                                                 uneven=collective.is_uneven(call))
         how = "algorithm= argument" if forced else \
             "RINGCOMM_ALGO" if name in self.selector.forced else "cost model"
-        if not host and algorithms.is_window(name, chosen):
-            raise UsageError(f"{name}: algorithm {chosen} ({how}) runs on host shared memory only; this call's "
-                             f"buffers are device memory: force a schedule algorithm "
-                             f"({', '.join(n for n in algorithms.names(name) if not algorithms.is_window(name, n))})")
         reduce = None if call.op is None else reducer(call.op, call.dtype)
         count = collective.envelope_count(call)
         static = static_bits(collective.code, call.dtype.name if call.dtype else None, count)
@@ -354,6 +409,7 @@ class Communicator:
 
     def _submit(self, call: Call, job: Callable, async_op: bool):
         engine = self.engine
+        scope = scope_for(call)   # device memory: its device and the caller's stream (core/streams.py)
         with engine.state:
             self._check_usable(call.name)
             engine.admit(f"{call.name} on rank {self.rank}")
@@ -370,7 +426,7 @@ class Communicator:
                     result, error = None, None
                     try:
                         with engine.exec:
-                            result = self._execute(seq, call, job, entry)
+                            result = self._execute(seq, call, job, entry, scope)
                     except BaseException as err:  # surfaced to the caller through Work.wait()
                         error = err
                     engine.done()
@@ -379,7 +435,7 @@ class Communicator:
         if inline:
             try:
                 with engine.exec:
-                    return self._execute(seq, call, job, entry)
+                    return self._execute(seq, call, job, entry, scope)
             finally:
                 engine.done()
         return work if async_op else work.wait()
@@ -391,17 +447,20 @@ class Communicator:
             raise CommError(f"{what} on rank {self.rank}: communicator is unusable after an earlier "
                             f"failure: {self._broken}") from self._broken
 
-    def _execute(self, seq: int, call: Call, job: Callable, entry):
-        """Run one job (under the exec lock): pre-flight, data movement, bookkeeping on failure."""
+    def _execute(self, seq: int, call: Call, job: Callable, entry, scope=None):
+        """Run one job (under the exec lock): pre-flight, data movement, bookkeeping on failure.
+        ``scope``: a device call's DeviceScope, entered around all of it."""
         self._entry = entry
         entry.state, entry.started = "running", time.monotonic()
         try:
             if self._broken is not None:   # queued before an earlier call failed
                 raise CommError(f"{call.name} #{seq} on rank {self.rank}: not run: the communicator failed "
                                 f"earlier: {self._broken}") from self._broken
-            if self._preflight_on and call.collective.name != "split":
-                self._preflight(seq, call)
-            result = job(seq)
+            if scope is None:
+                result = self._run_job(seq, call, job)
+            else:
+                with scope:
+                    result = self._run_job(seq, call, job)
         except PeerAbortedError as err:
             entry.state = "failed: PeerAbortedError"
             err = self._with_reason(err, f"{call.name} #{seq} on rank {self.rank}")
@@ -416,6 +475,11 @@ class Communicator:
             raise
         entry.state, entry.ended = "done", time.monotonic()
         return result
+
+    def _run_job(self, seq: int, call: Call, job: Callable):
+        if self._preflight_on and call.collective.name != "split":
+            self._preflight(seq, call)
+        return job(seq)
 
     def _preflight(self, seq: int, call: Call) -> None:
         buf = call.inp
@@ -463,6 +527,7 @@ class Communicator:
     def _point_to_point(self, call: Call, async_op: bool):
         """Post in issue order, complete on its own (core/progress.py)."""
         engine = self.engine
+        scope = scope_for(call)   # device memory: posted and tested under its device and stream
         with engine.state:
             self._check_usable(call.name)
             engine.admit(f"{call.name} on rank {self.rank}")
@@ -478,7 +543,12 @@ class Communicator:
                         raise CommError(f"{work.description}: not posted: the communicator failed earlier: "
                                         f"{self._broken}")
                     with engine.exec:
-                        test, cancel = self._post(call, work)
+                        if scope is None:
+                            test, cancel = self._post(call, work)
+                        else:
+                            with scope:
+                                test, cancel = self._post(call, work)
+                            test = scope.wrap(test)
                 except BaseException as err:
                     engine.done()
                     work._finish(None, err)

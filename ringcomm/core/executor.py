@@ -144,6 +144,15 @@ class _Watch:
             self.next_probe = now + DIAGNOSE_EVERY
             self.diagnose(op.peer, done)
 
+    def in_their_words(self, err: PeerAbortedError) -> PeerAbortedError:
+        """A transport saw a peer's abort flag (comm.abort() sets one after sending its notices):
+        the peer's own reason, from its notice, rather than the flag's bare fact. The notice
+        travels on the host route even when this collective's data is on the device route."""
+        notice = self.transport.probe(None, ABORT_TAG)
+        if notice is None:
+            return err
+        return PeerAbortedError(f"{self.what} on rank {self.transport.rank}: {read_notice(self.transport, notice)}")
+
     def diagnose(self, peer: int, done=None) -> None:
         transport = self.transport
         notice = transport.probe(None, ABORT_TAG)
@@ -199,10 +208,13 @@ def run(compiled: Compiled, transport: Transport, bufs: tuple, reduce: Optional[
         return
     base = envelope.base_tag()
     watch = _Watch(transport, envelope, timeout, what)
-    if len(lanes) == 1:
-        _run_lane(lanes[0], transport, bufs, like, reduce, base, watch)
-    else:
-        _run_lanes(lanes, transport, bufs, like, reduce, base, watch)
+    try:
+        if len(lanes) == 1:
+            _run_lane(lanes[0], transport, bufs, like, reduce, base, watch)
+        else:
+            _run_lanes(lanes, transport, bufs, like, reduce, base, watch)
+    except PeerAbortedError as err:
+        raise watch.in_their_words(err) from None
 
 
 def _run_lane(lane, transport, bufs, like, reduce, base, watch: _Watch) -> None:

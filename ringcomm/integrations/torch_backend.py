@@ -16,7 +16,8 @@ in issue order) and returns a ``torch_work.Work``: ``wait()`` raises the collect
 futures are typed the way torch's C++ hooks expect, and their callbacks may block without
 stalling later collectives (torch_work.py says how). Tensors the communicator cannot take in
 place (CUDA for a CPU-only backend, non-contiguous ones) go through a contiguous host copy,
-written back only once the collective has succeeded.
+written back only once the collective has succeeded. CUDA tensors stay on the device where the
+communicator lists "cuda" in ``comm.devices`` (ringcomm over CUDA IPC, nccl, gloo).
 
 Groups and the communicator: the world group and every ``dist.new_group(backend="ringcomm")``
 over all ranks share one Communicator (groups issue in one program order on every rank, so
@@ -64,6 +65,8 @@ def _op(opts, collective: str) -> str:
 
 
 def _accepts(comm, t: torch.Tensor) -> bool:
+    """Whether ``comm`` takes ``t`` in place (``comm.devices``: CUDA tensors too where CUDA IPC or
+    NCCL carries them); otherwise a contiguous host copy goes instead."""
     on_device = t.device.type == "cpu" or t.device.type in getattr(comm, "devices", ("cpu",))
     return on_device and t.is_contiguous()
 
@@ -260,7 +263,7 @@ class RingcommProcessGroup(dist.ProcessGroup):
                             f"{self._size * input.numel()} elements of {input.dtype}",
                             f"{output.numel()} elements of {output.dtype}")
         out_t, back = self._staged(output)
-        xin = _bytes(input.detach().to("cpu").contiguous())
+        xin = _bytes(_alike(input, out_t))
         out_raw = _bytes(out_t)
         return _call(self.comm.all_gather, out_raw, xin), back
 
@@ -290,7 +293,7 @@ class RingcommProcessGroup(dist.ProcessGroup):
             raise bad_value("reduce_scatter_tensor", "input", f"{self._size * output.numel()} elements",
                             f"{input.numel()} elements")
         out_t, back = self._staged(output)
-        x = _host_view(input.detach().to("cpu").contiguous())
+        x = _host_view(_alike(input, out_t))
         return _call(self.comm.reduce_scatter, out_t.reshape(-1), x.reshape(-1), op=op), back
 
     def reduce_scatter_single(self, output, input, opts=None):
@@ -364,11 +367,20 @@ def _host_view(t: torch.Tensor):
     return _memory(t, _NUMPY[t.dtype])
 
 
-def _bytes(t) -> np.ndarray:
-    """A flat uint8 view of a contiguous CPU tensor's memory (any dtype): for data movement."""
+def _bytes(t):
+    """A flat uint8 view of a contiguous tensor's memory (any dtype): for data movement. numpy for
+    a CPU tensor; a torch view for a CUDA one (the communicator takes it as device memory)."""
     if isinstance(t, np.ndarray):
         return t.reshape(-1).view(np.uint8)
+    if t.device.type != "cpu":
+        return t.detach().reshape(-1).view(torch.uint8)
     return _memory(t, np.uint8)
+
+
+def _alike(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``x`` contiguous on the device of ``like`` (the input of a call whose output is ``like``:
+    a call's buffers must share one device)."""
+    return x.detach().to(like.device).contiguous()
 
 
 # ---- registration and rendezvous --------------------------------------------------------------
