@@ -175,16 +175,23 @@ def _row(size, backend, algorithm, time_us, factor=1.0):
 def test_targets_are_judged_from_the_rows():
     rows = [_row(64 << 20, "floor", "x+=y", 10_000.0), _row(64 << 20, "ringcomm", "auto", 20_000.0),
             _row(64 << 20, "ringcomm", "ring", 20_000.0), _row(64 << 20, "ringcomm", "tree", 30_000.0),
-            _row(64 << 20, "mpi", "native", 40_000.0), _row(64 << 20, "gloo", "native", 70_000.0),
+            _row(64 << 20, "mpi4py", "native", 40_000.0), _row(64 << 20, "gloo", "native", 70_000.0),
+            _row(64 << 20, "ringcomm[torch]", "auto", 8_000.0),
             _row(1024, "ringcomm", "auto", 30.0), _row(1024, "ringcomm", "ring", 20.0),
-            _row(1024, "ringcomm", "tree", 25.0), _row(1024, "mpi", "native", 10.0)]
-    lines = perf.target_lines(rows)
-    text = "\n".join(lines)
-    assert "64M busbw vs mpi" in text and "x  2.00 (target >= 2.5): MISSED" in lines[0]
-    assert "busbw vs gloo" in lines[1] and "x  3.50" in lines[1] and lines[1].endswith("met")
-    assert "x+=y floor" in lines[2] and "x  2.00" in lines[2] and lines[2].endswith("met")
-    assert "1K latency vs mpi" in lines[3] and "x  3.00" in lines[3] and lines[3].endswith("MISSED")
-    assert "worst size (1K) x  1.20" in lines[4] and lines[4].endswith("MISSED")
+            _row(1024, "ringcomm", "tree", 25.0), _row(1024, "mpi4py", "native", 10.0),
+            _row(1024, "ringcomm", "persistent", 9.0)]
+    text = "\n".join(perf.target_lines(rows))
+    line = {k: next(x for x in text.splitlines() if k in x) for k in (
+        "1K all_reduce ringcomm/auto time vs mpi4py", "1K all_reduce ringcomm/persistent time vs mpi4py",
+        "64M all_reduce ringcomm/auto busbw vs mpi4py", "64M all_reduce ringcomm/auto time vs the x+=y",
+        "64M all_reduce ringcomm[torch]/auto time vs the x+=y", "worst size")}
+    assert "x  3.00 (target <= 1.0): MISSED" in line["1K all_reduce ringcomm/auto time vs mpi4py"]
+    assert "x  0.90 (target <= 1.0): met" in line["1K all_reduce ringcomm/persistent time vs mpi4py"]
+    assert "x  2.00 (target >= 1.0): met" in line["64M all_reduce ringcomm/auto busbw vs mpi4py"]
+    assert "x  2.00 (target <= 1.0): MISSED" in line["64M all_reduce ringcomm/auto time vs the x+=y"]
+    assert "x  0.80 (target <= 1.0): met" in line["64M all_reduce ringcomm[torch]/auto time vs the x+=y"]
+    assert "worst size (1K) x  1.20" in line["worst size"] and line["worst size"].endswith("MISSED")
+    assert "gloo" not in text   # the targets are against MPI and the floor
 
 
 def test_summary_tells_noise_from_a_slower_choice():
