@@ -158,3 +158,20 @@ def test_split_of_a_communicator_whose_ranks_disagree_on_the_call_is_an_error():
         return comm.all_reduce(np.zeros(3))
     with pytest.raises(MismatchError):
         run_threads(2, body, timeout=10)
+
+
+def test_two_live_sub_communicators_never_share_a_context_id(monkeypatch):
+    """Context ids are hashes of the split path; should two collide on one transport, the second
+    split fails instead of reading the first one's messages."""
+    from ringcomm import CommError, communicator
+
+    def body(comm):
+        first = comm.split(0)
+        monkeypatch.setattr(communicator, "_context_id", lambda path: first.transport.context)
+        try:
+            comm.split(0)
+        except CommError as err:
+            return str(err)
+        return "no error"
+    for text in run_threads(2, body):
+        assert "already in use" in text and "collision" in text, text

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..errors import PeerAbortedError
+from ..errors import CommError, PeerAbortedError
 from .base import Transport
 
 CONTEXT_SHIFT = 32
@@ -19,6 +19,15 @@ CONTEXT_SHIFT = 32
 
 class TransportView(Transport):
     def __init__(self, base: Transport, members: list, context: int, window=None):
+        # Context ids are hashes of the split path (communicator._context_id): two live views of
+        # one transport with the same id would read each other's messages. Refuse, never mix.
+        live = getattr(base, "_view_contexts", None)
+        if live is None:
+            live = base._view_contexts = set()
+        if context in live:
+            raise CommError(f"sub-communicator context id {context:#x} is already in use on rank {base.rank} "
+                            f"(a hash collision of two split paths): split again with another color or key")
+        live.add(context)
         self.base, self.members, self.context = base, list(members), context
         self.rank, self.size = self.members.index(base.rank), len(self.members)
         self.name = base.name
@@ -67,7 +76,7 @@ class TransportView(Transport):
         self._aborted = f"aborted: {reason}"
 
     def close(self) -> None:
-        pass
+        getattr(self.base, "_view_contexts", set()).discard(self.context)
 
     def describe(self) -> dict:
         full = self.base.describe() if hasattr(self.base, "describe") else {}
