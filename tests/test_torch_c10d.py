@@ -1,0 +1,54 @@
+"""Every c10d collective on "ringcomm" against gloo, through plain ``dist.init_process_group``,
+under torchrun (2 and 3 processes: the store bootstrap, shared memory) and mpirun (4 processes:
+MPI's rendezvous, a 2-D DeviceMesh). The job is tests/mpi_jobs/c10d_vs_gloo.py."""
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from mpi_util import JOBS, ROOT, mpi_env, run_mpi
+
+LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+# A few names of each kind; every check the job makes must pass (it exits non-zero otherwise).
+NAMES = ["all_reduce torch.int8 BXOR", "all_reduce torch.bfloat16 PRODUCT", "all_reduce avg",
+         "all_reduce premul_sum", "broadcast complex bool", "all_gather uneven", "all_gather_coalesced",
+         "reduce_scatter uneven", "all_to_all uneven", "all_to_all_single uneven", "gather", "scatter",
+         "send_recv tags", "recv anysource", "batch_isend_irecv", "coalescing_manager", "all_reduce_coalesced",
+         "sparse all_reduce", "sub-groups concurrent", "sub-groups from threads", "split_group"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(n: int, script, timeout: float = 240, **env_vars) -> subprocess.CompletedProcess:
+    """``torchrun --nproc_per_node=n script`` with no MPI variables, this checkout first on the path."""
+    env = {k: v for k, v in mpi_env().items() if k not in LAUNCHER_VARS and not k.startswith(("PMI", "OMPI"))}
+    env.update(env_vars)
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={n}", "--master-addr=127.0.0.1",
+           f"--master-port={free_port()}", "--monitor-interval=1", str(JOBS / script)]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def assert_all_passed(proc, n: int, names: list) -> None:
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "FAILED" not in out, out[-6000:]
+    for name in names:
+        assert proc.stdout.count(f"check {name} ok") == n, f"check {name} not passed on {n} ranks:\n{out[-6000:]}"
+    assert proc.stdout.count(", 0 failed") == n, out[-6000:]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [2, 3])
+def test_every_c10d_collective_matches_gloo_under_torchrun(n):
+    assert_all_passed(torchrun(n, "c10d_vs_gloo.py"), n, NAMES)
+
+
+@pytest.mark.mpi
+def test_every_c10d_collective_and_a_2d_device_mesh_match_gloo_under_mpirun():
+    proc = run_mpi(4, "c10d_vs_gloo.py", timeout=300)
+    assert_all_passed(proc, 4, NAMES + ["device mesh 2-D"])
+    assert proc.stdout.count("check sub-group collectives ok") == 2, proc.stdout   # on the evens, 0 and 2
