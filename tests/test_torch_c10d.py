@@ -15,7 +15,7 @@ NAMES = ["all_reduce torch.int8 BXOR", "all_reduce torch.bfloat16 PRODUCT", "all
          "all_reduce premul_sum", "broadcast complex bool", "all_gather uneven", "all_gather_coalesced",
          "reduce_scatter uneven", "all_to_all uneven", "all_to_all_single uneven", "gather", "scatter",
          "send_recv tags", "recv anysource", "batch_isend_irecv", "coalescing_manager", "all_reduce_coalesced",
-         "sparse all_reduce", "sub-groups concurrent", "sub-groups from threads", "split_group"]
+         "sparse all_reduce", "sub-groups concurrent", "sub-groups from threads", "split_group", "profiler ranges"]
 
 
 def free_port() -> int:

@@ -268,6 +268,27 @@ for name, fn in [("all_reduce avg", avg), ("all_reduce premul_sum", premul), ("a
     check(name, fn, EXPECTED.get(name))
 
 
+def profiler_ranges():
+    """Each collective shows in torch.profiler as "ringcomm:<name>", as gloo's show as "gloo:<name>"."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for group in (RING, GLOO):
+            t = data(4, torch.float32)
+            dist.all_reduce(t, group=group)
+            dist.all_gather_into_tensor(torch.zeros(4 * SIZE), t, group=group)
+            dist.barrier(group=group)
+    names = {e.key for e in prof.key_averages()}
+    want = {"ringcomm:all_reduce", "ringcomm:all_gather_into_tensor", "ringcomm:barrier"}
+    if not want <= names or "gloo:all_reduce" not in names:
+        failed.append("profiler ranges")
+        print(f"check profiler ranges FAILED on rank {RANK}: missing {sorted(want - names)} in "
+              f"{sorted(n for n in names if ':' in n)}", flush=True)
+    else:
+        print("check profiler ranges ok", flush=True)
+
+
+profiler_ranges()
+
+
 # ---- sub-groups: made by their members, running at once with the world and with each other ----
 def subgroup_checks():
     evens = [r for r in range(SIZE) if r % 2 == 0]
