@@ -20,7 +20,7 @@ def test_split_groups_by_color_orders_by_key_then_rank_and_none_opts_out():
         return sub.rank, sub.size, float(total[0])
     got = run_threads(7, body)
     assert got[5] is None
-    evens, odds = [0, 2, 4, 6], [1, 3]          # odd keys descend: rank 3 first
+    evens = [0, 2, 4, 6]                        # odds (1, 3): keys descend, rank 3 first
     for r in evens:
         assert got[r] == (evens.index(r), 4, 12.0)
     assert got[3] == (0, 2, 4.0) and got[1] == (1, 2, 4.0)

@@ -11,7 +11,6 @@ import datetime
 import json
 import sys
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
