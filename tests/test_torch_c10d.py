@@ -52,3 +52,21 @@ def test_every_c10d_collective_and_a_2d_device_mesh_match_gloo_under_mpirun():
     proc = run_mpi(4, "c10d_vs_gloo.py", timeout=300)
     assert_all_passed(proc, 4, NAMES + ["device mesh 2-D"])
     assert proc.stdout.count("check sub-group collectives ok") == 2, proc.stdout   # on the evens, 0 and 2
+
+
+SAMPLE = ("test_all_reduce_sum or test_all_gather_v or test_scatter_full_group or test_send_recv_any_source "
+          "or test_all_to_all_single_unequal_split or test_barrier_full_group or test_DistributedDataParallel_SyncBatchNorm_Diff")
+
+
+@pytest.mark.mpi
+def test_a_sample_of_torchs_own_distributed_tests_passes_on_ringcomm(tmp_path):
+    """A few of torch's DistributedTest bodies, unchanged (the whole list: make torch-tests)."""
+    sys.path.insert(0, str(ROOT / "tests" / "torch_suite"))
+    try:
+        from run import outcomes, run
+    finally:
+        sys.path.pop(0)
+    found = outcomes(run("ringcomm", 2, tmp_path, SAMPLE))
+    passed = sorted(n for n, (state, _) in found.items() if state == "passed")
+    problems = {n: v for n, v in found.items() if v[0] == "failed"}
+    assert len(passed) >= 7 and not problems, (passed, problems)
