@@ -70,3 +70,13 @@ def test_a_sample_of_torchs_own_distributed_tests_passes_on_ringcomm(tmp_path):
     passed = sorted(n for n, (state, _) in found.items() if state == "passed")
     problems = {n: v for n, v in found.items() if v[0] == "failed"}
     assert len(passed) >= 7 and not problems, (passed, problems)
+
+
+@pytest.mark.parametrize("order", ["ringcomm first", "torch first"])
+def test_import_ringcomm_registers_the_backend_without_importing_torch(order):
+    imports = ("import ringcomm, sys; assert 'torch' not in sys.modules, 'import ringcomm imported torch'; "
+               "import torch.distributed as dist" if order == "ringcomm first" else
+               "import torch.distributed as dist; import ringcomm")
+    code = f"{imports}; assert 'RINGCOMM' in dist.Backend._plugins, dist.Backend._plugins; print('registered')"
+    proc = subprocess.run([sys.executable, "-c", code], env=mpi_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "registered" in proc.stdout, proc.stderr
