@@ -14,7 +14,7 @@ LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER
 NAMES = ["all_reduce torch.int8 BXOR", "all_reduce torch.bfloat16 PRODUCT", "all_reduce avg",
          "all_reduce premul_sum", "broadcast complex bool", "all_gather uneven", "all_gather_coalesced",
          "reduce_scatter uneven", "all_to_all uneven", "all_to_all_single uneven", "gather", "scatter",
-         "send_recv tags", "recv anysource", "batch_isend_irecv", "coalescing_manager", "all_reduce_coalesced",
+         "send_recv tags", "large send_recv", "recv anysource", "batch_isend_irecv", "coalescing_manager", "all_reduce_coalesced",
          "sparse all_reduce", "sub-groups concurrent", "sub-groups from threads", "split_group", "profiler ranges"]
 
 

@@ -198,6 +198,17 @@ def send_recv_tags(group):
     return [a, b]
 
 
+def large_send_recv(group):
+    """6 MiB: more than a shared-memory pool share (4 MiB), so the payload goes beside the pool,
+    over MPI under mpirun and over gloo point-to-point on the store under torchrun."""
+    nxt, prv = (RANK + 1) % SIZE, (RANK - 1) % SIZE
+    out = torch.zeros(3 << 19, dtype=torch.float32)
+    works = [dist.irecv(out, prv, group=group), dist.isend(data(3 << 19, torch.float32, 4), nxt, group=group)]
+    for w in works:
+        w.wait()
+    return [out]
+
+
 def recv_anysource(group):
     if RANK == 0:
         got = []
@@ -262,7 +273,7 @@ for name, fn in [("all_reduce avg", avg), ("all_reduce premul_sum", premul), ("a
                  ("reduce_scatter uneven", reduce_scatter_uneven), ("reduce_scatter_tensor", reduce_scatter_tensor),
                  ("all_to_all uneven", all_to_all_uneven), ("all_to_all_single uneven", all_to_all_single_uneven),
                  ("gather", gather), ("scatter", scatter), ("send_recv tags", send_recv_tags),
-                 ("recv anysource", recv_anysource), ("batch_isend_irecv", batch_isend_irecv),
+                 ("large send_recv", large_send_recv), ("recv anysource", recv_anysource), ("batch_isend_irecv", batch_isend_irecv),
                  ("coalescing_manager", coalescing_manager), ("all_reduce_coalesced", all_reduce_coalesced),
                  ("objects", objects), ("sparse all_reduce", sparse), ("barrier", barrier)]:
     check(name, fn, EXPECTED.get(name))
