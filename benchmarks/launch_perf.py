@@ -20,10 +20,19 @@ import numpy as np
 import ringcomm
 
 
+def nbytes(text: str) -> int:
+    """'8', '64K', '16M', '1G' as nccl-tests spell sizes."""
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
+    try:
+        return int(text[:-1] if scale > 1 else text) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a size in bytes like 8, 64K or 16M, got {text!r}") from None
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("-b", "--min-bytes", type=int, default=8)
-    p.add_argument("-e", "--max-bytes", type=int, default=64 << 20)
+    p.add_argument("-b", "--min-bytes", type=nbytes, default=8)
+    p.add_argument("-e", "--max-bytes", type=nbytes, default=64 << 20)
     p.add_argument("-f", "--factor", type=int, default=8)
     p.add_argument("-w", "--warmup", type=int, default=5)
     p.add_argument("-n", "--iters", type=int, default=20)
