@@ -80,3 +80,16 @@ def test_import_ringcomm_registers_the_backend_without_importing_torch(order):
     code = f"{imports}; assert 'RINGCOMM' in dist.Backend._plugins, dist.Backend._plugins; print('registered')"
     proc = subprocess.run([sys.executable, "-c", code], env=mpi_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "registered" in proc.stdout, proc.stderr
+
+
+@pytest.mark.parametrize("scheme", ["env", "tcp", "file"])
+def test_init_methods_of_torchs_harness_bootstrap_from_the_store(scheme, tmp_path):
+    port = free_port()
+    url = {"env": "env://", "tcp": f"tcp://127.0.0.1:{port}", "file": f"file://{tmp_path}/rendezvous"}[scheme]
+    env = {k: v for k, v in mpi_env().items() if k not in LAUNCHER_VARS and not k.startswith(("PMI", "OMPI"))}
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    jobs = [subprocess.Popen([sys.executable, str(JOBS / "init_method.py"), url, str(r), "2"], env=env, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in (0, 1)]
+    for r, job in enumerate(jobs):
+        out, err = job.communicate(timeout=120)
+        assert job.returncode == 0 and f"rank {r} of 2 via {scheme}: sum 3.0" in out, err[-3000:]
