@@ -10,10 +10,11 @@ from datetime import timedelta
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch._C._distributed_c10d import AllreduceOptions
 
 from mpi_util import run_mpi
-from ringcomm import CommError, CommTimeoutError, MismatchError, PeerAbortedError
+from ringcomm import CommError, CommTimeoutError, MismatchError, PeerAbortedError, UsageError
 from ringcomm.integrations.torch_backend import RingcommProcessGroup
 from ringcomm.integrations.torch_groups import Shared
 from ringcomm.integrations.torch_work import seconds
@@ -43,6 +44,18 @@ def test_results_and_typed_values():
         return t.tolist(), blocking.tolist()
     for reduced, ones in run_threads(2, body):
         assert reduced == [3.0] * 4 and ones == [2.0] * 3
+
+
+def test_an_op_the_dtype_cannot_take_is_named_not_shown_as_an_object():
+    def body(comm):
+        pg = group_of(comm)
+        o = opts()
+        o.reduceOp = dist.ReduceOp.BAND
+        with pytest.raises(UsageError, match=r'argument "op" \(expected sum, prod, min, max, avg or premul_sum for '
+                                             r"floating dtype float32, got 'band'\)") as info:
+            pg.allreduce([torch.ones(3)], o).wait()
+        assert "object at 0x" not in str(info.value)
+    run_threads(2, body)
 
 
 @pytest.mark.parametrize("blocking", [False, True])
