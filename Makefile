@@ -1,5 +1,6 @@
 # Two entry points that work on a fresh machine with only Python 3.11 and make:
-#   make demo   set up .venv if needed, then train a small transformer with DDP under mpirun -n 2
+#   make demo   set up .venv if needed, train a small transformer with DDP under mpirun -n 2, then
+#               the same short run on the ringcomm, mpi and gloo backends side by side
 #   make test   set up .venv if needed, then run the whole test suite
 #   make torch-tests  torch's own distributed tests (DistributedTest._DistTestBase) on gloo and
 #               on ringcomm at 2 and 3 ranks, compared (about 15 minutes on 2 cores: not in make test)
@@ -23,6 +24,7 @@ setup: $(STAMP)
 
 demo: setup
 	$(VENV)/bin/mpirun -n 2 $(PY) examples/train.py --backend ringcomm
+	$(VENV)/bin/mpirun -n 2 $(PY) examples/compare_backends.py
 
 test: setup
 	$(PY) -m pytest -q -ra

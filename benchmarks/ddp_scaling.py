@@ -4,7 +4,8 @@
     python benchmarks/ddp_scaling.py --ranks 1,2 --impl ringcomm,torch --json ddp.json
 
 Every job trains the same MLP (``--width`` x ``--depth``, big enough that its gradients take
-real time to all-reduce) on synthetic data, the same per-rank batch, ``torch.set_num_threads(1)``.
+real time to all-reduce), or with ``--model transformer`` examples/train.py's transformer
+(``--depth`` layers of dimension ``--width``), on synthetic data, the same per-rank batch, ``torch.set_num_threads(1)``.
 Implementations (``--impl``):
 - ``ringcomm``: ``ddp.DistributedDataParallel`` over ``ringcomm.init()``;
 - ``torch``: ``torch.nn.parallel.DistributedDataParallel`` over a gloo process group;
@@ -33,17 +34,33 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 BUCKET_BYTES = 25 << 20
 IMPLS = ("local", "ringcomm", "torch", "torch-ringcomm")
+VOCAB, SEQ = 8, 16   # the transformer's task, as in examples/train.py
 
 
 # ---- the worker: one mpirun job -------------------------------------------------------------
-def build_model(width: int, depth: int, classes: int, seed: int):
+def build_model(width: int, depth: int, classes: int, seed: int, model: str = "mlp"):
+    """The MLP (``depth`` x ``width``), or examples/train.py's transformer (``depth`` layers of
+    model dimension ``width``, 8 tokens of vocabulary, sequences of 16)."""
     import torch
     torch.manual_seed(seed)
+    if model == "transformer":
+        sys.path.insert(0, str(ROOT / "examples"))
+        from train import MajorityTransformer
+        return MajorityTransformer(VOCAB, SEQ, width, depth, heads=4)
     layers = []
     for _ in range(depth):
         layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
     layers.append(torch.nn.Linear(width, classes))
     return torch.nn.Sequential(*layers)
+
+
+def batch_of(model: str, width: int, batch: int, rank: int):
+    """(inputs, targets) of one rank: random features for the MLP, random tokens for the transformer."""
+    import torch
+    g = torch.Generator().manual_seed(1 + rank)
+    if model == "transformer":
+        return torch.randint(0, VOCAB, (batch, SEQ), generator=g), torch.randint(0, VOCAB, (batch,), generator=g)
+    return torch.randn(batch, width, generator=g), torch.randint(0, 10, (batch,), generator=g)
 
 
 def wrap(impl: str, net, world):
@@ -93,7 +110,7 @@ def worker(args) -> None:
     torch.set_num_threads(1)
     world = MPI.COMM_WORLD
     rank, n = world.Get_rank(), world.Get_size()
-    net = build_model(args.width, args.depth, 10, seed=0)
+    net = build_model(args.width, args.depth, 10, seed=0, model=args.model)
     params = sum(p.numel() for p in net.parameters())
     error = ""
     try:
@@ -106,9 +123,7 @@ def worker(args) -> None:
             print("RESULT " + json.dumps({"impl": args.impl, "ranks": n,
                                           "error": next(e for e in errors if e)}), flush=True)
         return
-    g = torch.Generator().manual_seed(1 + rank)
-    data = torch.randn(args.batch, args.width, generator=g)
-    target = torch.randint(0, 10, (args.batch,), generator=g)
+    data, target = batch_of(args.model, args.width, args.batch, rank)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     loss_fn = torch.nn.CrossEntropyLoss()
     no_sync = getattr(model, "no_sync", None) or contextlib.nullcontext
@@ -164,7 +179,7 @@ def run_job(impl: str, n: int, args) -> dict:
     env.setdefault("RINGCOMM_TIMEOUT", "120")
     cmd = [mpirun(), "-n", str(n), sys.executable, str(Path(__file__).resolve()), "--worker", "--impl", impl,
            "--width", str(args.width), "--depth", str(args.depth), "--batch", str(args.batch),
-           "--steps", str(args.steps), "--warmup", str(args.warmup)]
+           "--steps", str(args.steps), "--warmup", str(args.warmup), "--model", args.model]
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.job_timeout)
     except subprocess.TimeoutExpired:
@@ -201,9 +216,11 @@ def driver(args) -> int:
     jobs = ([] if args.no_local else [("local", 1)]) + [(impl, n) for n in ranks for impl in impls
                                                           if impl != "local"]
     results = []
-    params = build_model(args.width, args.depth, 10, 0)
+    params = build_model(args.width, args.depth, 10, 0, args.model)
     nparams = sum(p.numel() for p in params.parameters())
-    print(f"# MLP {args.depth} x {args.width} ({nparams / 1e6:.1f} M params, {nparams * 4 / 2**20:.0f} MiB of "
+    shape = (f"MLP {args.depth} x {args.width}" if args.model == "mlp" else
+             f"transformer of examples/train.py, {args.depth} layers of dim {args.width}")
+    print(f"# {shape} ({nparams / 1e6:.1f} M params, {nparams * 4 / 2**20:.0f} MiB of "
           f"fp32 gradients), batch {args.batch} per rank, {args.steps} steps after {args.warmup} warm-up, "
           f"torch threads 1; {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}, load {os.getloadavg()}")
     for k, (impl, n) in enumerate(jobs):
@@ -228,7 +245,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ranks", default="1,2,4")
     p.add_argument("--impl", default="ringcomm,torch", help=f"comma list of {', '.join(IMPLS)}")
-    p.add_argument("--width", type=int, default=1024)
+    p.add_argument("--model", choices=("mlp", "transformer"), default="mlp")
+    p.add_argument("--width", type=int, default=1024, help="MLP width, or the transformer's model dimension")
     p.add_argument("--depth", type=int, default=6)
     p.add_argument("--batch", type=int, default=32, help="samples per rank per step")
     p.add_argument("--steps", type=int, default=10)

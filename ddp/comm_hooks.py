@@ -85,15 +85,25 @@ def _state(state, hook: str) -> CommState:
                    type(state).__name__)
 
 
-def comm_accepts(comm, device: torch.device) -> bool:
-    """Whether ``comm`` reduces tensors on ``device`` in place; otherwise they go via host memory."""
-    return device.type == "cpu" or device.type in getattr(comm, "devices", ("cpu",))
+def comm_accepts(comm, device) -> bool:
+    """Whether ``comm`` reduces tensors on ``device`` (a torch.device, or "cpu"/"cuda") in place;
+    otherwise they go via host memory. Communicators list theirs in ``comm.devices``."""
+    kind = getattr(device, "type", device)
+    return kind == "cpu" or kind in getattr(comm, "devices", ("cpu",))
 
 
-def _all_reduce(state: CommState, tensor: torch.Tensor, op: str) -> CommFuture:
-    """Async all-reduce of ``tensor``; a device tensor the communicator cannot take is staged on the host."""
+def device_type(tensor) -> str:
+    """"cpu" or "cuda" for a torch tensor, and "cuda" for a cupy array (a bucket a custom
+    reducer keeps in cupy memory)."""
+    device = tensor.device
+    return device.type if isinstance(device, torch.device) else "cuda"
+
+
+def _all_reduce(state: CommState, tensor, op: str) -> CommFuture:
+    """Async all-reduce of ``tensor`` where it lives; a device tensor the communicator cannot take
+    is staged on the host."""
     comm = state.comm
-    if comm_accepts(comm, tensor.device):
+    if comm_accepts(comm, device_type(tensor)):
         return CommFuture(comm.all_reduce(tensor, op=op, async_op=True), timeout=state.timeout)
     host = tensor.to("cpu")
     fut = CommFuture(comm.all_reduce(host, op=op, async_op=True), timeout=state.timeout)

@@ -26,11 +26,14 @@ from .core.envelope import (ABORT_TAG, Envelope, describe_p2p_mismatch, p2p_tag,
 from .core.ops import reducer
 from .core.progress import Engine, Pending, deadline_of
 from .core.schedule import DEFAULT_SEGMENT_BYTES, Recv, Send, Shape
+from .core.streams import scope_for
 from .diagnostics import preflight
 from .diagnostics.flight_recorder import FlightRecorder
 from .errors import CommError, CommTimeoutError, MismatchError, PeerAbortedError, UsageError, bad_type, bad_value
+from .persistent import _SLOW, FastCalls, Persistent, fast_round
 from .selection.selector import Selector
 from .transport.base import Transport
+from .transport.devices import cupy_installed
 from .work import Work
 
 DEFAULT_TIMEOUT = 300.0
@@ -77,6 +80,8 @@ class Communicator:
         self.recorder = FlightRecorder(self.rank)
         self._entry = None                 # flight-recorder entry of the running call
         self._plans: dict = {}            # call shape -> what _plan worked out for it
+        self._fast = FastCalls()           # small in-place all_reduce calls seen before (persistent.py)
+        self._devices: Optional[tuple] = None   # see ``devices``
         self._plans_for = self.selector
         self.debug = env.get("RINGCOMM_DEBUG")
         self.check_finite = env.get("RINGCOMM_CHECK_FINITE")
@@ -90,7 +95,26 @@ class Communicator:
     # ---- collectives ------------------------------------------------------------------------------
     def all_reduce(self, x, op="sum", *, out=None, algorithm=None, async_op=False):
         """Every rank ends with the reduction of every rank's x (in x, or in ``out``)."""
-        return self._start(ALL_REDUCE.prepare(self, x, op, out), algorithm, async_op)
+        plain = out is None and algorithm is None and not async_op
+        if plain:   # a small in-place call on an array seen before: the persistent road (persistent.py)
+            fast = self._fast.get(x, op)
+            if fast is not None:
+                result = fast.run()
+                if result is not _SLOW:
+                    return result
+        call = ALL_REDUCE.prepare(self, x, op, out)
+        result = self._start(call, algorithm, async_op)
+        if plain and call.in_place and self.size > 1:
+            window = fast_round(self, call, self._plan_for(call, None))
+            if window is not None:
+                self._fast.remember(x, op, window)
+        return result
+
+    def all_reduce_init(self, x, op="sum", *, out=None, algorithm=None) -> Persistent:
+        """A persistent all_reduce (MPI_Allreduce_init): checked and planned now, run by ``p()``
+        (blocking) or ``p.start()`` (a Work) as often as needed on the same buffers."""
+        call = ALL_REDUCE.prepare(self, x, op, out)
+        return Persistent(self, call, self._check_algorithm(call, algorithm))
 
     def broadcast(self, x, root=0, *, algorithm=None, async_op=False):
         """Every rank's x becomes root's x."""
@@ -240,9 +264,13 @@ class Communicator:
         self.transport.close()
 
     def close(self) -> None:
-        """No further calls (they raise at once); calls already issued finish first."""
+        """No further calls (they raise at once); calls already issued finish first. Device
+        memory of the CUDA IPC transport is released (with every rank of the node that closes)."""
         self._closed = True
         self.engine.close(timeout=(self.timeout or DEFAULT_TIMEOUT) + 5)
+        close_device = getattr(self.transport, "close_device", None)
+        if close_device is not None:
+            close_device()
 
     def _allow_thread(self, thread: threading.Thread, allow: bool = True) -> None:
         """Let ``thread`` call on behalf of whichever thread has calls in flight (integrations
@@ -254,12 +282,25 @@ class Communicator:
             else:
                 self.engine.delegates.discard(thread)
 
+    @property
+    def devices(self) -> tuple:
+        """Where collectives take memory in place: ("cpu",), plus "cuda" when device memory can
+        travel here (cupy installed, and one rank, or every peer on this node over CUDA IPC).
+        DDP and the torch backend stage tensors of other devices through host memory."""
+        if self._devices is None:
+            refusal = getattr(self.transport, "device_refusal", None)
+            reachable = self.size == 1 or (refusal is not None and refusal(None) is None)
+            self._devices = ("cpu", "cuda") if reachable and cupy_installed() else ("cpu",)
+        return self._devices
+
     def __repr__(self) -> str:
         return f"<ringcomm.Communicator backend={self.backend} rank={self.rank} size={self.size}>"
 
     # ---- argument checks (calling rank, before any communication) ---------------------------------
     def _check_algorithm(self, call: Call, algorithm) -> Optional[str]:
         name = call.name
+        if call.device != "cpu":
+            self._check_device(call)
         if algorithm is None:
             return None
         if not isinstance(algorithm, str):
@@ -274,13 +315,34 @@ class Communicator:
                             f"equal counts on every rank)", algorithm)
         return algorithm
 
+    def _check_device(self, call: Call) -> None:
+        """Device memory where this communicator cannot carry it: UsageError before the call."""
+        refusal = getattr(self.transport, "device_refusal", None)
+        if refusal is not None:
+            why = refusal(call.device)
+        elif self.size > 1:
+            why = (f"this communicator's {self.transport.name} transport carries host memory only; CUDA "
+                   f"tensors travel over CUDA IPC between ranks of one node (RINGCOMM_TRANSPORT=auto), "
+                   f"or through backend 'nccl'")
+        else:
+            why = None
+        forced = self.selector.forced.get(call.name)
+        if why is None and forced is not None and algorithms.is_window(call.name, forced):
+            schedules = ", ".join(n for n in algorithms.names(call.name) if not algorithms.is_window(call.name, n))
+            why = (f"RINGCOMM_ALGO forces {forced}, which runs on host shared memory only, and this call's "
+                   f"buffers are on {call.device}: force a schedule algorithm ({schedules})")
+        if why is not None:
+            raise UsageError(f"{call.name} on rank {self.rank}: {why}")
+
     def _window_for(self, call: Call):
         """The transport's shared window, if this call may use it (host memory only)."""
         return self.transport.window if call.device == "cpu" else None
 
     # ---- execution --------------------------------------------------------------------------------
     def _start(self, call: Call, algorithm, async_op: bool):
-        algorithm = self._check_algorithm(call, algorithm)
+        return self._start_prepared(call, self._check_algorithm(call, algorithm), async_op)
+
+    def _start_prepared(self, call: Call, algorithm: Optional[str], async_op: bool):
         collective = call.collective
 
         def job(seq):
@@ -315,6 +377,8 @@ class Communicator:
                                 self.transport, Envelope(seq, call.collective.code, dname, plan.count),
                                 self.timeout, self._what(call, seq, plan.algorithm), started, call.count))
             return
+        if call.device != "cpu" and self.size > 1:
+            self._device_route(call, seq, plan.algorithm)
         envelope = Envelope(seq, call.collective.code, dname, plan.count)
         bufs = (inp, out, None)
         what = self._what(call, seq, plan.algorithm)
@@ -325,6 +389,28 @@ class Communicator:
         with self.transport.stage(tuple(a for a in (inp, out) if a is not None)):
             executor.run(plan.program, self.transport, bufs, plan.reduce, envelope=envelope, timeout=self.timeout,
                          what=what)
+
+    def _device_route(self, call: Call, seq: int, algorithm: str) -> None:
+        """The CUDA IPC transport, created by the first device call (a handshake over the node,
+        transport/routed.py) within this call's deadline, released by a peer's abort notice."""
+        create = getattr(self.transport, "device_transport", None)
+        if create is None:
+            return
+        left = None if self.timeout is None else max(0.0, self._entry.started + self.timeout - time.monotonic())
+        try:
+            create(left, self._peer_gave_up)
+        except CommError as err:
+            raise type(err)(f"{self._what(call, seq, algorithm)} on rank {self.rank}: setting up the CUDA IPC "
+                            f"transport: {err}") from err
+
+    def _peer_gave_up(self) -> Optional[str]:
+        """"rank R gave up: <its reason>" if a peer's abort notice waits here, else None."""
+        notice = self.transport.probe(None, ABORT_TAG)
+        return None if notice is None else executor.read_notice(self.transport, notice)
+
+    @staticmethod
+    def _logging() -> bool:
+        return _log.isEnabledFor(logging.INFO)
 
     @staticmethod
     def _what(call: Call, seq: int, algorithm: str) -> str:
@@ -353,10 +439,6 @@ class Communicator:
                                                 uneven=collective.is_uneven(call))
         how = "algorithm= argument" if forced else \
             "RINGCOMM_ALGO" if name in self.selector.forced else "cost model"
-        if not host and algorithms.is_window(name, chosen):
-            raise UsageError(f"{name}: algorithm {chosen} ({how}) runs on host shared memory only; this call's "
-                             f"buffers are device memory: force a schedule algorithm "
-                             f"({', '.join(n for n in algorithms.names(name) if not algorithms.is_window(name, n))})")
         reduce = None if call.op is None else reducer(call.op, call.dtype)
         count = collective.envelope_count(call)
         static = static_bits(collective.code, call.dtype.name if call.dtype else None, count)
@@ -369,6 +451,7 @@ class Communicator:
 
     def _submit(self, call: Call, job: Callable, async_op: bool):
         engine = self.engine
+        scope = scope_for(call)   # device memory: its device and the caller's stream (core/streams.py)
         with engine.state:
             self._check_usable(call.name)
             engine.admit(f"{call.name} on rank {self.rank}")
@@ -385,7 +468,7 @@ class Communicator:
                     result, error = None, None
                     try:
                         with engine.exec:
-                            result = self._execute(seq, call, job, entry)
+                            result = self._execute(seq, call, job, entry, scope)
                     except BaseException as err:  # surfaced to the caller through Work.wait()
                         error = err
                     engine.done()
@@ -394,7 +477,7 @@ class Communicator:
         if inline:
             try:
                 with engine.exec:
-                    return self._execute(seq, call, job, entry)
+                    return self._execute(seq, call, job, entry, scope)
             finally:
                 engine.done()
         return work if async_op else work.wait()
@@ -406,17 +489,25 @@ class Communicator:
             raise CommError(f"{what} on rank {self.rank}: communicator is unusable after an earlier "
                             f"failure: {self._broken}") from self._broken
 
-    def _execute(self, seq: int, call: Call, job: Callable, entry):
-        """Run one job (under the exec lock): pre-flight, data movement, bookkeeping on failure."""
+    def _execute(self, seq: int, call: Call, job: Callable, entry, scope=None):
+        """Run one job (under the exec lock): pre-flight, data movement, bookkeeping on failure.
+        ``scope``: a device call's DeviceScope, entered around all of it."""
         self._entry = entry
         entry.state, entry.started = "running", time.monotonic()
         try:
             if self._broken is not None:   # queued before an earlier call failed
                 raise CommError(f"{call.name} #{seq} on rank {self.rank}: not run: the communicator failed "
                                 f"earlier: {self._broken}") from self._broken
-            if self._preflight_on and call.collective.name != "split":
-                self._preflight(seq, call)
-            result = job(seq)
+            if scope is None:
+                result = self._run_job(seq, call, job)
+            else:
+                with scope:
+                    result = self._run_job(seq, call, job)
+        except PeerAbortedError as err:
+            entry.state = "failed: PeerAbortedError"
+            err = self._with_reason(err, f"{call.name} #{seq} on rank {self.rank}")
+            self._fail(err)
+            raise err
         except CommError as err:
             entry.state = f"failed: {type(err).__name__}"
             self._fail(err)
@@ -427,6 +518,11 @@ class Communicator:
         entry.state, entry.ended = "done", time.monotonic()
         return result
 
+    def _run_job(self, seq: int, call: Call, job: Callable):
+        if self._preflight_on and call.collective.name != "split":
+            self._preflight(seq, call)
+        return job(seq)
+
     def _preflight(self, seq: int, call: Call) -> None:
         buf = call.inp
         non_finite = self.check_finite and buf is not None and \
@@ -435,6 +531,21 @@ class Communicator:
                                      call.dtype and call.dtype.name, call.op and call.op.value, call.root, non_finite)
         preflight.check(self.transport, self.timeout, f"{call.name} #{seq}", mine,
                         check_fields=self.debug == "detail")
+
+    def _with_reason(self, err: PeerAbortedError, what: str) -> PeerAbortedError:
+        """A transport that saw a peer give up (a flag in shared memory, a released wait) knows
+        only that it did; the peer's abort notice says why. Read it, if it came."""
+        if " gave up: " in str(err):
+            return err
+        try:
+            notice = self.transport.probe(None, ABORT_TAG)
+            if notice is None:
+                return err
+            better = PeerAbortedError(f"{what}: {executor.read_notice(self.transport, notice)}")
+        except CommError:
+            return err
+        better.__cause__ = err
+        return better
 
     def _fail(self, err: CommError) -> None:
         """The communicator is broken from now on; tell the peers so that they fail fast too."""
@@ -450,11 +561,15 @@ class Communicator:
                         self._notices.append(self.transport.isend(text, peer, ABORT_TAG))
                     except CommError:
                         pass   # that peer is gone too: nothing to tell it
+        window = self.transport.window
+        if first and window is not None:   # after the notices: a peer that sees the poison finds why
+            window.poison()
 
     # ---- point to point ---------------------------------------------------------------------------
     def _point_to_point(self, call: Call, async_op: bool):
         """Post in issue order, complete on its own (core/progress.py)."""
         engine = self.engine
+        scope = scope_for(call)   # device memory: posted and tested under its device and stream
         with engine.state:
             self._check_usable(call.name)
             engine.admit(f"{call.name} on rank {self.rank}")
@@ -470,7 +585,12 @@ class Communicator:
                         raise CommError(f"{work.description}: not posted: the communicator failed earlier: "
                                         f"{self._broken}")
                     with engine.exec:
-                        test, cancel = self._post(call, work)
+                        if scope is None:
+                            test, cancel = self._post(call, work)
+                        else:
+                            with scope:
+                                test, cancel = self._post(call, work)
+                            test = scope.wrap(test)
                 except BaseException as err:
                     engine.done()
                     work._finish(None, err)
@@ -575,9 +695,9 @@ def _member_list(members, size: int, rank: int) -> list:
 
 
 def _context_id(path: tuple) -> int:
-    """A 30-bit id for a sub-communicator, the same on every member: its path of splits from the
-    world (which split of which parent, which color). Transports keep streams apart with it."""
+    """A 29-bit id for a sub-communicator, the same on every member: its path of splits from the
+    world (which split of which parent, which color). Transports keep streams apart with it above
+    bit 32 of a tag, whose 62 bits it must fit."""
     digest = hashlib.blake2b(repr(path).encode(), digest_size=4).digest()
-    # 30 bits: above a tag's 32 (view.py) it must stay below shm's 2**62 tag bound.
-    return (int.from_bytes(digest, "little") & 0x3FFFFFFF) or 1
+    return (int.from_bytes(digest, "little") & 0x1FFFFFFF) or 1
 

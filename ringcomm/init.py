@@ -54,14 +54,18 @@ def init(backend: Optional[str] = None, *, timeout: Optional[float] = None) -> C
     # How long waits poll before sleeping depends on how many ranks share this machine's cores
     # (the real host: pretend nodes from RINGCOMM_NODE_ID still share it).
     host = socket.gethostname()
-    polling.set_ranks_here(sum(h == host for h in world.allgather(host)))
+    ranks_here = sum(h == host for h in world.allgather(host))
+    polling.set_ranks_here(ranks_here)
     try:
         if backend != "ringcomm":
             return communicator_class(backend)(world, topology, timeout=timeout)
         from .transport import factory
-        return Communicator(factory.build(world, topology, timeout), timeout=timeout, local_rank=topology.local_rank,
+        comm = Communicator(factory.build(world, topology, timeout), timeout=timeout, local_rank=topology.local_rank,
                             local_size=topology.local_size, node_count=topology.node_count,
                             topology=topology)
+        comm.selector.set_host(ranks_here, polling.cores())
+        _direct_reads_from(comm, comm.selector.tuning.cma_min)
+        return comm
     except BaseException:
         world.Free()   # a failed init leaves no MPI communicator behind
         raise
@@ -285,3 +289,14 @@ def _agree_with_launchers(world, views: list) -> None:
         said = " and ".join(f"{v.launcher}'s variables ({v.text})" for v in views)
         _log.info("init: a world of 1 process: MPI started this process alone, and %s", said or
                   "no torchrun or Slurm variables say otherwise")
+
+
+def _direct_reads_from(comm: Communicator, measured) -> None:
+    """The size from which the shared-memory transport reads peers directly (CMA) instead of
+    staging: RINGCOMM_SHM_CMA_MIN if set, else what ``ringcomm.tune`` measured on this machine,
+    else the transport's default. Every rank of a node reads the same tuning file, so they agree."""
+    if measured is None or env.get("RINGCOMM_SHM_CMA_MIN") is not None:
+        return
+    for transport in (getattr(comm.transport, "routes", None) or {}).values():
+        if hasattr(transport, "cma_min_bytes"):
+            transport.cma_min_bytes = measured

@@ -55,8 +55,9 @@ def test_split_collectives_round_down_to_a_multiple_of_ranks():
 
 @pytest.mark.parametrize("collective", perf.COLLECTIVES)
 def test_the_check_counts_unfinished_results_as_wrong(collective):
-    """Without any communication, rank 1's buffers are not the expected result: the check must say so."""
-    case = perf.Case(collective, 12, np.dtype(np.float32), rank=1, n=2)
+    """Without any communication, a rank's buffers are not the expected result: the check must say
+    so (gather checks only its root, which holds the result)."""
+    case = perf.Case(collective, 12, np.dtype(np.float32), rank=0 if collective == "gather" else 1, n=2)
     case.fill()
     assert case.wrong() > 0
 
@@ -70,7 +71,7 @@ def test_tiny_sweep_under_mpirun(tmp_path):
     out_csv, out_json = tmp_path / "r.csv", tmp_path / "r.json"
     proc = run_mpi(2, TOOL, "-b", "1K", "-e", "64K", "-f", "8", "-w", "1", "-n", "2",
                    "--backend", "ringcomm,mpi4py,nosuchbackend",
-                   "--collective", "all_reduce,all_gather,reduce_scatter,broadcast",
+                   "--collective", ",".join(perf.COLLECTIVES), "--tensor", "numpy,torch",
                    "--transport-buffers", "--csv", out_csv, "--json", out_json, timeout=120)
     assert "backend nosuchbackend unavailable:" in proc.stdout
     assert "out of bounds values: 0 OK" in proc.stdout
@@ -86,7 +87,8 @@ def test_tiny_sweep_under_mpirun(tmp_path):
         # all_gather and reduce_scatter round each size down to a multiple of the 2 ranks: same sizes
         assert {r["size"] for r in mine} == sizes, collective
         labels = {(r["backend"], r["algorithm"]) for r in mine}
-        assert {("floor", "x+=y"), ("floor", "copy"), ("ringcomm", "auto"), ("mpi4py", "native")} <= labels
+        assert {("floor", "x+=y"), ("floor", "copy"), ("ringcomm", "auto"), ("ringcomm[torch]", "auto"),
+                ("mpi4py", "native")} <= labels
     for r in rows:
         assert r["wrong"] == 0, r
         assert r["ranks"] == 2 and r["time_us"] > 0
@@ -140,14 +142,16 @@ def test_table_marks_unavailable_and_efficiency():
 
 
 @pytest.mark.mpi
-def test_ddp_scaling_runs_both_implementations(tmp_path):
+@pytest.mark.parametrize("model", ["mlp", "transformer"])
+def test_ddp_scaling_runs_both_implementations(tmp_path, model):
     import subprocess
 
     import ddp
     out = tmp_path / "ddp.json"
     env = {"PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ddp_scaling.py"), "--ranks", "2",
-                           "--impl", "ringcomm,torch", "--width", "64", "--depth", "2", "--steps", "2",
+                           "--impl", "ringcomm,torch", "--model", model,
+                           "--width", "64" if model == "mlp" else "32", "--depth", "2", "--steps", "2",
                            "--warmup", "1", "--no-local", "--json", str(out)], capture_output=True, text=True,
                           timeout=240, cwd=ROOT, env={**__import__("os").environ, **env})
     assert proc.returncode == 0, proc.stderr

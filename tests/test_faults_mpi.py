@@ -78,3 +78,51 @@ def test_mpi_transport_refuses_a_message_of_the_wrong_length():
     assert "8->16: MismatchError: rank 1: the message from rank 0 has 8 bytes, the receive expected 16" in out
     assert "16->8: MismatchError: rank 1: a message from rank 0 does not fit the receive of 8 bytes" in out
     assert "8->8: ok=True" in out
+
+
+@pytest.mark.parametrize("n", [3, 4])
+@pytest.mark.parametrize("collective", ["broadcast", "reduce", "gather", "scatter"])
+def test_a_rooted_collective_mismatch_raises_on_every_rank_not_only_the_odd_ones_neighbours(collective, n,
+                                                                                               tmp_path):
+    """The last rank passes 3 more elements: ranks whose own messages all matched (the root and the
+    other leaves) must not return normally either (the confirmation barrier)."""
+    env = {"RINGCOMM_TIMEOUT": "20", "FAULTS_OUT": str(tmp_path)}
+    started = time.monotonic()
+    run_mpi(n, "faults.py", f"rooted-{collective}", 10, env=env, timeout=60, check=False)
+    got = outcomes(tmp_path)
+    assert sorted(got) == list(range(n)), got
+    for rank, (took, kind, msg) in got.items():
+        assert kind in ("MismatchError", "PeerAbortedError"), (rank, kind, msg)
+        assert took < 5, (rank, took, msg)
+    assert time.monotonic() - started < 45
+
+
+@COUNTS
+def test_abort_reason_reaches_every_peer(count, tmp_path):
+    env = {"RINGCOMM_TIMEOUT": "20", "FAULTS_OUT": str(tmp_path)}
+    run_mpi(3, "faults.py", "abort", count, env=env, timeout=60, check=False)
+    got = outcomes(tmp_path)
+    for rank in (0, 2):
+        took, kind, msg = got[rank]
+        assert kind == "PeerAbortedError" and "the data loader of rank 1 ran dry" in msg, (rank, kind, msg)
+        assert took < 5
+
+
+@pytest.mark.parametrize("scenario", ["extra", "dtype", "skip", "abort", "absent"])
+def test_faults_are_caught_on_the_fast_road_of_repeated_small_calls(scenario, tmp_path):
+    """After a few calls on one small array the ordinary all_reduce takes the fast road: the same
+    faults must give the same errors there (mismatch, peer's reason, timeout naming the peer)."""
+    env = {"RINGCOMM_TIMEOUT": "2" if scenario == "absent" else "20", "FAULTS_OUT": str(tmp_path),
+           "FAULTS_WARM": "1"}
+    run_mpi(3, "faults.py", scenario, 100, env=env, timeout=60, check=False)
+    got = outcomes(tmp_path)
+    for rank in (0, 2):
+        took, kind, msg = got[rank]
+        if scenario == "absent":
+            assert kind == "CommTimeoutError" and "rank 1" in msg and took < 4.5, (rank, kind, msg)
+        elif scenario == "abort":
+            assert kind == "PeerAbortedError" and "the data loader of rank 1 ran dry" in msg, (rank, kind, msg)
+        else:
+            assert kind in ("MismatchError", "PeerAbortedError") and took < 5, (rank, kind, msg)
+    if scenario in ("extra", "dtype", "skip"):
+        assert any(kind == "MismatchError" for _, kind, _ in got.values()), got

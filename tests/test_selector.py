@@ -286,3 +286,26 @@ def test_on_one_node_the_inter_node_link_never_matters(collective):
         for n in (2, 5, 8):
             assert algo.cost(1 << 16, Network(link, other, (n,))) == pytest.approx(
                 algo.cost(1 << 16, Network(link, link, (n,))))
+
+
+def test_oversubscribed_ranks_are_priced_per_step_and_keep_few_step_algorithms_longer():
+    # 4 ranks sharing 2 cores: each byte gets half a core and each step waits for a peer to be
+    # scheduled, so the one-round window and few-step schedules win to larger sizes than with a
+    # core per rank (the case: rabenseifner at 64 KiB, 6.6x slower than one_shot).
+    from ringcomm.selection.cost import HANDOFF, crowded
+    link = Link(10e-6, 1 / 4e9, 1 / 5e9)
+    busy = crowded(link, 2.0)
+    assert busy.alpha == pytest.approx(link.alpha + HANDOFF) and busy.beta == 2 * link.beta
+    assert crowded(link, 1.0) is link and crowded(None, 2.0) is None
+    dedicated, shared = Selector(), Selector()
+    shared.set_host(4, 2)
+    kw = dict(routes=("shm", "shm"), window_bytes=64 << 10)
+    assert dedicated.explain("all_reduce", 64 << 10, 4, **kw).algorithm != "one_shot"
+    assert shared.explain("all_reduce", 64 << 10, 4, **kw).algorithm == "one_shot"
+    choice = shared.explain("all_reduce", 64 << 10, 4, **kw)
+    assert choice.network.crowding == 2.0
+    from ringcomm.selection.selector import describe
+    assert "oversubscribed: 2 ranks per core" in describe(choice)
+    shared.set_host(2, 2)   # a core each again: the dedicated model
+    assert shared.explain("all_reduce", 64 << 10, 4, **kw).predicted == \
+        dedicated.explain("all_reduce", 64 << 10, 4, **kw).predicted

@@ -28,6 +28,25 @@ def test_tune_writes_a_loadable_file_and_keeps_other_shapes(tmp_path, monkeypatc
     monkeypatch.delenv("RINGCOMM_ALGO", raising=False)
     choice = Selector.from_env().explain("all_reduce", 1024, 2, routes=sweep.routes)   # as tune ran it (shm here)
     assert choice.measured and choice.algorithm == min(choice.measured, key=choice.measured.get)
+    # The CMA floor was measured (staged against direct reads, 1 and 2 MiB in --quick) and a new
+    # job's shared-memory transport reads directly from it, unless RINGCOMM_SHM_CMA_MIN says otherwise.
+    assert "direct reads (CMA) against staging" in proc.stdout, proc.stdout
+    assert tuning.cma_min in (1 << 20, 2 << 20, 4 << 20)
+    shown = run_mpi(2, "show_cma_floor.py", env={"RINGCOMM_TUNING_FILE": str(out)}, timeout=60)
+    assert shown.stdout.count(f"cma_min_bytes={tuning.cma_min}") == 2, shown.stdout
+    shown = run_mpi(2, "show_cma_floor.py", env={"RINGCOMM_TUNING_FILE": str(out), "RINGCOMM_SHM_CMA_MIN": "3M"},
+                    timeout=60)
+    assert shown.stdout.count(f"cma_min_bytes={3 << 20}") == 2, shown.stdout
+
+
+def test_a_tuning_file_with_a_bad_cma_floor_is_refused_naming_the_field(tmp_path):
+    from ringcomm.errors import UsageError
+    from ringcomm.selection.tuning import Tuning, save_tuning
+    path = save_tuning(Tuning(cma_min=5 << 20), tmp_path / "t.json")
+    assert load_tuning(path).cma_min == 5 << 20
+    path.write_text(path.read_text().replace(str(5 << 20), "-1"))
+    with pytest.raises(UsageError, match="cma_min"):
+        load_tuning(path)
 
 
 def test_fit_window_recovers_the_window_link_from_one_shot_times():

@@ -20,7 +20,7 @@ def test_split_groups_by_color_orders_by_key_then_rank_and_none_opts_out():
         return sub.rank, sub.size, float(total[0])
     got = run_threads(7, body)
     assert got[5] is None
-    evens = [0, 2, 4, 6]                        # odds (1, 3): keys descend, rank 3 first
+    evens = [0, 2, 4, 6]                        # odd ranks' keys descend: rank 3 comes first
     for r in evens:
         assert got[r] == (evens.index(r), 4, 12.0)
     assert got[3] == (0, 2, 4.0) and got[1] == (1, 2, 4.0)
@@ -125,8 +125,12 @@ def test_dup_gives_a_thread_its_own_collectives():
 
 
 def test_a_second_thread_on_one_communicator_is_refused_naming_both_threads():
+    intruded = threading.Barrier(2)
+
     def body(comm):
-        works = [comm.all_reduce(np.ones(1 << 16), async_op=True) for _ in range(4)]
+        # A receive the peer answers only after both intruders ran: in flight, however slow the machine.
+        peer, inbox = 1 - comm.rank, np.zeros(4)
+        works = [comm.recv(inbox, src=peer, async_op=True)]
         caught = []
 
         def intruder():
@@ -137,6 +141,8 @@ def test_a_second_thread_on_one_communicator_is_refused_naming_both_threads():
         th = threading.Thread(target=intruder, name="intruder")
         th.start()
         th.join()
+        intruded.wait(60)
+        comm.send(np.ones(4), dst=peer)
         for w in works:
             w.wait(60)
         return caught

@@ -67,9 +67,14 @@ class C10dBackend(ReferenceCommunicator):
     pg = None
 
     def tensor(self, flat, dtype: DType) -> torch.Tensor:
-        """A torch view of a flat numpy array sharing its memory (bf16 is stored as uint16)."""
+        """A torch view sharing the memory of a call's flat array (bf16 is stored as uint16):
+        host arrays through ``torch.from_numpy``, device arrays (cupy views of CUDA tensors or
+        of cupy arrays) through DLPack, which hands torch the device memory itself."""
         if isinstance(flat, torch.Tensor):
             return flat
+        if not isinstance(flat, np.ndarray):
+            t = torch.from_dlpack(flat)
+            return t.view(torch.bfloat16) if dtype.name == "bfloat16" else t
         if dtype.name == "bfloat16":
             return torch.from_numpy(flat.view(np.int16)).view(torch.bfloat16)
         return torch.from_numpy(flat)

@@ -2,6 +2,8 @@
 
 numpy arrays and CPU tensors are handed to gloo as torch views of the same memory (bf16 through
 its uint16 storage), so collectives stay in place. gloo reduces float16 and bfloat16 itself.
+Device memory (CUDA tensors, cupy arrays) goes to gloo as CUDA tensors through DLPack, for the two
+collectives torch's gloo runs on CUDA (all_reduce, broadcast); the others are refused by name.
 Deadlines: the process group is created with the communicator's timeout, and gloo raises when a
 collective runs past it; that error comes back as CommError naming the collective. gloo refuses
 int16 altogether: that is a UsageError before any communication.
@@ -22,6 +24,8 @@ from .reference import comm_error
 class GlooCommunicator(c10d.C10dBackend):
     backend = "gloo"
     library = "gloo"
+    devices = ("cpu", "cuda")
+    CUDA_COLLECTIVES = ("all_reduce", "broadcast")   # torch's gloo runs only these on CUDA tensors
 
     def __init__(self, world, topology, *, timeout, context=(), store=None, host=None):
         super().__init__(world, topology, timeout=timeout, context=context)
@@ -61,9 +65,10 @@ class GlooCommunicator(c10d.C10dBackend):
         if call.dtype is not None and call.dtype.name == "int16":
             raise UsageError(f"{call.name}: backend 'gloo' does not support dtype int16 (torch's gloo refuses "
                              f"it: 'Invalid scalar type'); use int32, or backend 'ringcomm' or 'mpi'")
-        if call.device != "cpu":
-            raise UsageError(f"{call.name}: backend 'gloo' takes host memory here; CUDA tensors go through "
-                             f"backend 'ringcomm' (CUDA IPC) or 'nccl'")
+        if call.device != "cpu" and call.name not in self.CUDA_COLLECTIVES:
+            raise UsageError(f"{call.name} on rank {self.rank}: backend 'gloo' runs only "
+                             f"{' and '.join(self.CUDA_COLLECTIVES)} on device memory (torch's gloo), got "
+                             f"memory on {call.device}; use backend 'ringcomm' (CUDA IPC) or 'nccl'")
 
     def _wait(self, handle, keep, what: str) -> None:
         try:

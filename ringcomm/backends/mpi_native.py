@@ -37,6 +37,7 @@ class MPINativeCommunicator(ReferenceCommunicator):
     backend = "mpi"
     library = "MPI"
     MPI = MPI
+    devices = ("cpu",)
 
     def __init__(self, world, topology, *, timeout, context=()):
         super().__init__(world, topology, timeout=timeout, context=context)
@@ -64,9 +65,10 @@ class MPINativeCommunicator(ReferenceCommunicator):
 
     # ---- the seam ----------------------------------------------------------------------------------
     def _check_supported(self, call) -> None:
-        if call.device != "cpu":
-            raise UsageError(f"{call.name}: backend 'mpi' takes host memory only (this MPI is not CUDA-aware); "
-                             f"CUDA tensors go through backend 'ringcomm' (CUDA IPC) or 'nccl'")
+        if call.device != "cpu":   # mpi4py would hand MPI the device pointer
+            raise UsageError(f"{call.name} on rank {self.rank}: backend 'mpi' takes host memory only (this MPI "
+                             f"is not CUDA-aware), got memory on {call.device}; device memory goes through "
+                             f"backend 'ringcomm' (CUDA IPC within a node) or 'nccl'")
 
     def _start_call(self, call):
         return call.collective.mpi(self, call)

@@ -33,6 +33,7 @@ def unavailable_reason() -> str | None:
 class NCCLCommunicator(c10d.C10dBackend):
     backend = "nccl"
     library = "NCCL"
+    devices = ("cpu", "cuda")
 
     def __init__(self, world, topology, *, timeout, context=(), store=None):
         reasons = world.allgather(unavailable_reason())
@@ -55,8 +56,15 @@ class NCCLCommunicator(c10d.C10dBackend):
         options._timeout = datetime.timedelta(seconds=timeout)
         self.pg = dist.ProcessGroupNCCL(store, self.rank, self.size, options)
 
+    def _check_supported(self, call) -> None:
+        if call.device not in ("cpu", f"cuda:{self.device.index}"):
+            raise UsageError(f"{call.name} on rank {self.rank}: backend 'nccl' of this rank drives "
+                             f"cuda:{self.device.index} (local rank {self.local_rank} modulo the "
+                             f"{torch.cuda.device_count()} devices here), got memory on {call.device}")
+
     def tensor(self, flat, dtype):
-        """Host arrays are staged through the GPU (copied back in ``_wait``)."""
+        """Device memory stays where it is (DLPack); host arrays are staged through the GPU
+        (copied back in ``_wait``)."""
         t = super().tensor(flat, dtype)
         if t.is_cuda:
             return t

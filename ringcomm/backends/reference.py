@@ -49,6 +49,10 @@ class ReferenceCommunicator(Communicator):
     def _check_supported(self, call) -> None:
         """Raise UsageError (before any communication) for what the library cannot do."""
 
+    def _point_to_point(self, call, async_op: bool):
+        self._check_supported(call)   # send/recv take no algorithm, so _check_algorithm never saw them
+        return super()._point_to_point(call, async_op)
+
     def _describe(self, call, seq: int) -> str:
         return f"{call.name} #{seq} ({self.backend}, {call.count} x {call.dtype.name if call.dtype else 'bytes'})"
 

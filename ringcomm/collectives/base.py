@@ -17,7 +17,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..core.buffers import Buffer, as_buffer
+from ..core.buffers import Buffer, as_buffer, overlaps
 from ..core.ops import DType, ReduceOp, check_op, finish_avg, parse_op, prescale_factor, scale_into
 from ..core.schedule import Shape
 from ..errors import bad_type, bad_value
@@ -182,13 +182,14 @@ def counts_of(collective: str, argument: str, counts, size: int) -> tuple:
 
 
 def same_kind(collective: str, out: Buffer, x: Buffer) -> None:
-    """``out`` and ``x`` alike in array type, dtype and device (checked before any message moves)."""
+    """``out`` and ``x`` alike in device (index included), array type and dtype (checked before any
+    message moves)."""
+    if out.device != x.device:
+        raise bad_value(collective, "out", f"memory on the device of x ({x.device})", f"memory on {out.device}")
     if out.kind != x.kind:
         raise bad_type(collective, "out", f"the same array type as x ({x.kind})", out.kind)
     if out.dtype is not x.dtype:
         raise bad_type(collective, "out", f"dtype {x.dtype.name} like x", f"dtype {out.dtype.name}")
-    if out.device != x.device:
-        raise bad_value(collective, "out", f"memory on the device of x ({x.device})", f"memory on {out.device}")
 
 
 def elements(collective: str, argument: str, buf: Buffer, expected: int) -> None:
@@ -197,7 +198,7 @@ def elements(collective: str, argument: str, buf: Buffer, expected: int) -> None
 
 
 def disjoint(collective: str, out: Buffer, x: Buffer) -> None:
-    if np.shares_memory(out.flat, x.flat) if out.device == "cpu" else False:
+    if overlaps(out.flat, x.flat):
         raise bad_value(collective, "out", "memory that does not overlap x", "an array overlapping x")
 
 

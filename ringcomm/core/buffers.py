@@ -1,11 +1,17 @@
 """Validation at the public boundary, and flat views of user buffers.
 
 Everything here runs on the calling rank before any communication, so a bad argument raises
-locally instead of leaving peers waiting. A ``Buffer`` is a flat, writable numpy view that shares
-memory with the user's tensor or array: collectives work in place on it.
+locally instead of leaving peers waiting. A ``Buffer`` is a flat, writable view that shares
+memory with the user's tensor or array: collectives work in place on it. Host memory (numpy
+arrays, CPU tensors) becomes a numpy view; device memory (cupy arrays, CUDA tensors) a cupy
+view, through DLPack for torch, so no byte is copied either way.
+
+A buffer's ``device`` is "cpu" or "cuda:<index>": two buffers of one call must agree on it, index
+included, and that is checked here, before the call takes a sequence number.
 """
 from __future__ import annotations
 
+import ctypes
 import functools
 import sys
 from dataclasses import dataclass
@@ -13,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import bad_type, bad_value
+from ..transport.devices import CUPY_INSTALL, is_device_array
 from .ops import DTYPES, DType
 
 _SUPPORTED = ", ".join(DTYPES)
@@ -37,8 +44,8 @@ class Buffer:
     obj: object          # what the user passed; collectives return it
     flat: np.ndarray     # flat view of obj's memory in its storage dtype
     dtype: DType
-    kind: str            # "torch" or "numpy"
-    device: str          # "cpu" or "cuda"
+    kind: str            # "torch", "numpy" or "cupy"
+    device: str          # "cpu" or "cuda:<index>"
 
     @property
     def numel(self) -> int:
@@ -61,24 +68,48 @@ def as_buffer(x, collective: str, argument: str) -> Buffer:
         return _torch_buffer(x, collective, argument)
     if isinstance(x, np.ndarray):
         return _numpy_buffer(x, collective, argument)
-    raise bad_type(collective, argument, "a torch.Tensor or numpy.ndarray", type(x).__name__)
+    if is_device_array(x):
+        return _cupy_buffer(x, collective, argument)
+    raise bad_type(collective, argument, "a torch.Tensor or numpy.ndarray, or a cupy.ndarray", type(x).__name__)
+
+
+def device_index(buf: Buffer) -> int:
+    """The CUDA device index of a device buffer ("cuda:3" -> 3)."""
+    return int(buf.device[5:])
 
 
 def _torch_buffer(x, collective: str, argument: str) -> Buffer:
-    torch = _torch()
     name = _torch_dtype_names().get(x.dtype)
     if name is None:
         raise bad_type(collective, argument, f"a tensor of dtype {_SUPPORTED}", f"dtype {x.dtype}")
     if not x.is_contiguous():
         raise bad_value(collective, argument, "a contiguous tensor (call .contiguous() first)",
                         f"a non-contiguous tensor with strides {tuple(x.stride())}")
+    if x.is_cpu:
+        dtype = DTYPES[name]
+        return Buffer(x, host_view(x.data_ptr(), x.numel() * dtype.itemsize, dtype.storage), dtype, "torch", "cpu")
     if x.device.type == "cuda":
-        return Buffer(x, _cuda_flat(x, name, collective, argument), DTYPES[name], "torch", "cuda")
-    if x.device.type != "cpu":
-        raise bad_value(collective, argument, "a CPU or CUDA tensor", f"a tensor on {x.device}")
-    t = x.detach().reshape(-1)
-    flat = t.view(torch.int16).numpy().view(np.uint16) if name == "bfloat16" else t.numpy()
-    return Buffer(x, flat, DTYPES[name], "torch", "cpu")
+        return Buffer(x, _cuda_flat(x, name, collective, argument), DTYPES[name], "torch",
+                      f"cuda:{x.device.index}")
+    raise bad_value(collective, argument, "a CPU or CUDA tensor", f"a tensor on {x.device}")
+
+
+_RAW_TYPES: dict = {}   # nbytes -> ctypes char array type (a type per size; a job uses a handful)
+
+
+def host_view(ptr: int, nbytes: int, storage: np.dtype) -> np.ndarray:
+    """A flat numpy view of host memory at ``ptr``, made from its address. For torch tensors this
+    replaces Tensor.numpy(), which costs 4x more and marks the tensor's storage non-resizable for
+    good (torch's PowerSGD hook resizes DDP's buckets). The view does not keep the memory alive:
+    the Buffer holding it keeps the tensor."""
+    if not nbytes:
+        return np.empty(0, storage)
+    raw = _RAW_TYPES.get(nbytes)
+    if raw is None:
+        if len(_RAW_TYPES) > 256:
+            _RAW_TYPES.clear()
+        raw = _RAW_TYPES[nbytes] = ctypes.c_char * nbytes
+    return np.frombuffer(raw.from_address(ptr), storage)
 
 
 def _cuda_flat(x, name: str, collective: str, argument: str):
@@ -86,13 +117,32 @@ def _cuda_flat(x, name: str, collective: str, argument: str):
     try:
         import cupy
     except ImportError:
-        raise bad_value(collective, argument, "a CPU tensor (CUDA tensors need cupy: "
-                        "pip install cupy-cuda12x)", f"a tensor on {x.device}") from None
+        raise bad_value(collective, argument, f"a CPU tensor (CUDA tensors need cupy: {CUPY_INSTALL})",
+                        f"a tensor on {x.device}") from None
     torch = _torch()
     t = x.detach().reshape(-1)
     if name == "bfloat16":   # cupy has no bfloat16: carry the bits, ops.py widens them
         return cupy.from_dlpack(t.view(torch.int16)).view(cupy.uint16)
     return cupy.from_dlpack(t)
+
+
+def _cupy_buffer(x, collective: str, argument: str) -> Buffer:
+    dtype = _NUMPY_DTYPES.get(x.dtype)
+    if dtype is None or x.dtype.byteorder == ">":
+        raise bad_type(collective, argument, f"an array of dtype {_SUPPORTED.replace('bfloat16, ', '')}",
+                       f"dtype {x.dtype}")
+    if not x.flags.c_contiguous:
+        raise bad_value(collective, argument, "a C-contiguous array (use cupy.ascontiguousarray)",
+                        f"a non-contiguous array with strides {x.strides}")
+    return Buffer(x, x if x.ndim == 1 else x.reshape(-1), dtype, "cupy", f"cuda:{x.device.id}")
+
+
+def overlaps(a, b) -> bool:
+    """Whether two flat contiguous arrays (host or device) share a byte."""
+    if isinstance(a, np.ndarray):
+        return np.shares_memory(a, b)
+    start_a, start_b = address(a), address(b)
+    return start_a < start_b + b.nbytes and start_b < start_a + a.nbytes and a.nbytes > 0 and b.nbytes > 0
 
 
 def address(a) -> int:

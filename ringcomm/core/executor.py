@@ -19,6 +19,7 @@ import numpy as np
 
 from ..errors import CommTimeoutError, MismatchError, PeerAbortedError
 from ..transport.base import Reducer, Transport
+from ..transport.window import POISON
 from .envelope import ABORT_TAG, Envelope, stamp_parts
 from .schedule import TMP, Copy, Recv, RecvReduce, Send, lanes_of, prologue_of, scratch_elements, sends_first
 
@@ -143,6 +144,15 @@ class _Watch:
             self.next_probe = now + DIAGNOSE_EVERY
             self.diagnose(op.peer, done)
 
+    def in_their_words(self, err: PeerAbortedError) -> PeerAbortedError:
+        """A transport saw a peer's abort flag (comm.abort() sets one after sending its notices):
+        the peer's own reason, from its notice, rather than the flag's bare fact. The notice
+        travels on the host route even when this collective's data is on the device route."""
+        notice = self.transport.probe(None, ABORT_TAG)
+        if notice is None:
+            return err
+        return PeerAbortedError(f"{self.what} on rank {self.transport.rank}: {read_notice(self.transport, notice)}")
+
     def diagnose(self, peer: int, done=None) -> None:
         transport = self.transport
         notice = transport.probe(None, ABORT_TAG)
@@ -198,10 +208,13 @@ def run(compiled: Compiled, transport: Transport, bufs: tuple, reduce: Optional[
         return
     base = envelope.base_tag()
     watch = _Watch(transport, envelope, timeout, what)
-    if len(lanes) == 1:
-        _run_lane(lanes[0], transport, bufs, like, reduce, base, watch)
-    else:
-        _run_lanes(lanes, transport, bufs, like, reduce, base, watch)
+    try:
+        if len(lanes) == 1:
+            _run_lane(lanes[0], transport, bufs, like, reduce, base, watch)
+        else:
+            _run_lanes(lanes, transport, bufs, like, reduce, base, watch)
+    except PeerAbortedError as err:
+        raise watch.in_their_words(err) from None
 
 
 def _run_lane(lane, transport, bufs, like, reduce, base, watch: _Watch) -> None:
@@ -239,6 +252,9 @@ def _run_lanes(lanes, transport, bufs, like, reduce, base, watch: _Watch) -> Non
         slice_ = 0.0 if moved else min(POLL_SLICE, 2 * slice_ or 10e-6)   # back off while nothing moves
 
 
+NOTICE_GRACE = 1.0   # seconds a rank that sees a peer's poison waits for that peer's reason
+
+
 class WindowGuard:
     """What a one-shot round needs when it goes wrong, built only then (the fast path never pays
     for it), under the same deadline and diagnosis as a program: a stalled round probes the
@@ -255,6 +271,15 @@ class WindowGuard:
 
     def mismatch(self, peer: int, stamp: int) -> None:
         """``stamp`` is the peer's window stamp (envelope.window_stamp)."""
+        if stamp == POISON:   # the peer gave up: its abort notice (sent before the poison) says why
+            transport = self.watch.transport
+            notice, until = None, time.monotonic() + NOTICE_GRACE
+            while notice is None and time.monotonic() < until:
+                notice = transport.probe(None, ABORT_TAG)
+                if notice is None:
+                    time.sleep(1e-4)
+            why = read_notice(transport, notice) if notice is not None else f"rank {peer} gave up"
+            raise PeerAbortedError(f"{self.what} on rank {self.rank}: {why}")
         tag, count = stamp_parts(stamp)
         reason = self.envelope.describe_mismatch(tag, peer)
         if reason is None and count != self.count:

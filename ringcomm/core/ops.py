@@ -138,10 +138,17 @@ def f32_to_bf16(f32: np.ndarray, out: np.ndarray) -> None:
     bits = f32.view(np.uint32)
     rounded = bits + (np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1)))
     np.right_shift(rounded, 16, out=rounded)
-    out[...] = rounded
     nan = np.isnan(f32)
-    if nan.any():
-        out[nan] = 0x7FC0
+    if isinstance(f32, np.ndarray):
+        out[...] = rounded
+        if nan.any():   # a scan of host memory: cheap, and most arrays hold no NaN
+            out[nan] = 0x7FC0
+        return
+    # Device memory (cupy): asking the host whether any lane is NaN would copy to the host and
+    # wait for the device on every reduction, so NaN lanes are replaced arithmetically.
+    rounded -= rounded * nan
+    rounded += nan * np.uint32(0x7FC0)
+    out[...] = rounded
 
 
 _UFUNC = {

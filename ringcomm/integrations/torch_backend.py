@@ -19,7 +19,10 @@ returned as a ``torch_work.Work``: ``wait()`` raises the collective's error, its
 typed the way torch's C++ hooks expect, and their callbacks may block without stalling later
 collectives. The coalesced forms pack their tensors into one buffer, run one collective and
 unpack (not a loop of collectives). Data movement goes as bytes, so every dtype travels;
-reductions as typed memory, so ringcomm checks the op against the dtype. Sends and receives
+reductions as typed memory, so ringcomm checks the op against the dtype. Tensors the
+communicator cannot take in place (CUDA for a CPU-only backend, non-contiguous ones) go through
+a contiguous host copy, written back only once the call has succeeded; CUDA tensors stay on the
+device where the communicator lists "cuda" in ``comm.devices``. Sends and receives
 complete on their own (torch_p2p.py). Each call shows in torch.profiler as "ringcomm:<name>",
 named as torch's gloo names its ranges ("gloo:all_reduce").
 """
@@ -40,7 +43,8 @@ from ..work import Work as RingcommWork
 from .autoregister import BACKEND
 from .torch_groups import Shared, forget_world, group_on, init_process_group, register  # noqa: F401
 from .torch_p2p import P2PWork
-from .torch_tensors import NUMPY, as_bytes, host_input, host_view, offsets_of, pack, raw, sizes_of, staged, unpack
+from .torch_tensors import (NUMPY, alike, as_bytes, host_input, host_view, offsets_of, pack, raw, sizes_of, staged,
+                            unpack)
 from .torch_work import ABORT_GRACE, Combined, Pending, Work, begin_range, call_site, seconds
 
 RedOp = dist.ReduceOp.RedOpType
@@ -319,7 +323,7 @@ class RingcommProcessGroup(dist.ProcessGroup):
             raise bad_value("all_gather_into_tensor", "output_tensor", f"a tensor of {input.dtype}", output.dtype)
         self._count("all_gather_into_tensor", "output_tensor", output.numel(), self._size * input.numel())
         out_t, back = staged(self.comm, output)
-        launch = _call(self.comm.all_gather, raw(out_t), raw(as_bytes(input)))
+        launch = _call(self.comm.all_gather, raw(out_t), raw(alike(input, out_t)))
         return self._submit("all_gather_into_tensor", [launch], [output], back, opts or AllgatherOptions(), [input])
 
     _allgather_base = all_gather_single
@@ -358,7 +362,8 @@ class RingcommProcessGroup(dist.ProcessGroup):
         op = _op(opts, "reduce_scatter")
         buffer, _ = pack(chunks)
         out_t, back = staged(self.comm, out)
-        launch = _call(self.comm.reduce_scatter, host_view(out_t).reshape(-1), host_view(buffer.view(out.dtype)),
+        launch = _call(self.comm.reduce_scatter, host_view(out_t).reshape(-1),
+                       host_view(alike(buffer.view(out.dtype), out_t)),
                        op=op, counts=_uneven(counts))
         return self._submit("reduce_scatter", [launch], [out], back, opts, chunks)
 
@@ -369,7 +374,7 @@ class RingcommProcessGroup(dist.ProcessGroup):
         if output.dtype != input.dtype:
             raise bad_value("reduce_scatter_tensor", "output", f"a tensor of {input.dtype}", output.dtype)
         out_t, back = staged(self.comm, output)
-        x = host_view(host_input(input))
+        x = host_view(alike(input, out_t))
         launch = _call(self.comm.reduce_scatter, host_view(out_t).reshape(-1), x.reshape(-1), op=op)
         return self._submit("reduce_scatter_tensor", [launch], [output], back, opts, [input])
 
@@ -420,7 +425,7 @@ class RingcommProcessGroup(dist.ProcessGroup):
         out_bytes = self._row_bytes("output_split_sizes", output, output_split_sizes)
         in_bytes = self._row_bytes("input_split_sizes", input, input_split_sizes)
         out_t, back = staged(self.comm, output)
-        launch = _call(self.comm.all_to_all, raw(out_t), raw(as_bytes(input)), out_bytes, in_bytes)
+        launch = _call(self.comm.all_to_all, raw(out_t), raw(alike(input, out_t)), out_bytes, in_bytes)
         return self._submit("all_to_all", [launch], [output], back, opts, [input])
 
     all_to_all_single = alltoall_base
@@ -474,7 +479,7 @@ class RingcommProcessGroup(dist.ProcessGroup):
         elif input_tensors and any(len(i) for i in input_tensors):
             raise bad_value("scatter", "scatter_list", f"None on ranks other than the root ({root})", "a list")
         out_t, back = staged(self.comm, out)
-        launch = _call(self.comm.scatter, raw(out_t), None if x is None else raw(x), root=root)
+        launch = _call(self.comm.scatter, raw(out_t), None if x is None else raw(alike(x, out_t)), root=root)
         return self._submit("scatter", [launch], [out], back, opts, [out])
 
     # ---- point to point --------------------------------------------------------------------------------

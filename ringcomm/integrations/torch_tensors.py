@@ -5,7 +5,9 @@ Reductions get typed memory (numpy views, bfloat16 tensors as themselves); data 
 complex and bool included. Tensors the communicator cannot take in place (non-contiguous, or
 on a device the communicator does not serve) go through a contiguous host copy, written back
 only after the collective succeeded. The coalesced forms pack many tensors into ONE buffer for
-ONE call and unpack after it (``pack``/``unpack``).
+ONE call and unpack after it (``pack``/``unpack``). CUDA tensors stay on the device where the
+communicator lists "cuda" in ``comm.devices`` (ringcomm over CUDA IPC, nccl, gloo); a call's
+input then goes to its output's device (``alike``).
 """
 from __future__ import annotations
 
@@ -50,11 +52,20 @@ def host_view(t: torch.Tensor):
     return memory(t, NUMPY[t.dtype])
 
 
-def raw(t) -> np.ndarray:
-    """A flat uint8 view of a contiguous CPU tensor's memory (any dtype): for data movement."""
+def raw(t):
+    """A flat uint8 view of a contiguous tensor's memory (any dtype): for data movement. numpy for
+    a CPU tensor; a torch view for a device one (the communicator takes it as device memory)."""
     if isinstance(t, np.ndarray):
         return t.reshape(-1).view(np.uint8)
+    if t.device.type != "cpu":
+        return t.detach().reshape(-1).view(torch.uint8)
     return memory(t, np.uint8)
+
+
+def alike(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``x`` contiguous on the device of ``like`` (the input of a call whose output is ``like``:
+    a call's buffers must share one device); ``x`` itself when it already is."""
+    return x.detach().to(like.device).contiguous()
 
 
 def accepts(comm, t: torch.Tensor) -> bool:

@@ -45,6 +45,7 @@ class Network:
     nics: int = 0        # network cards per node that ranks share; 0: each rank has its own path
     window: Optional[Link] = None   # a shared window among all ranks (one node), if the transport has one
     window_bytes: int = 0           # its capacity per rank and round
+    crowding: float = 1.0           # ranks per core on the busiest host (> 1: oversubscribed); see crowded()
 
     @property
     def size(self) -> int:
@@ -79,6 +80,22 @@ class Network:
     @property
     def gamma(self) -> float:
         return self.link.gamma
+
+
+# What one synchronising step costs on top of alpha when ranks outnumber cores: the waiter polls
+# its short budget (transport/polling.py: 50 us), sleeps, and the peer it waits for gets the core
+# (a wake-up ~80 us on this kind of machine). Fitted to 4 ranks on 2 cores (docs/selection.md).
+HANDOFF = 100e-6
+
+
+def crowded(link: Optional[Link], ranks_per_core: float) -> Optional[Link]:
+    """``link`` as ranks see it when ``ranks_per_core`` > 1 of them share each core: every byte
+    copied or reduced gets that share of a core, and every step that waits for a peer pays a
+    hand-off (the peer must be scheduled). So oversubscription favours few steps (one_shot, recursive
+    doubling) well past the sizes where a dedicated core favours bandwidth (ring, Rabenseifner)."""
+    if link is None or ranks_per_core <= 1:
+        return link
+    return Link(link.alpha + HANDOFF, link.beta * ranks_per_core, link.gamma * ranks_per_core)
 
 
 def as_network(link, size: int) -> Network:

@@ -36,6 +36,8 @@ def main(argv=None) -> int:
     parser.add_argument("--window", default=None,
                         help="shared-window bytes per rank (default: ringcomm's window when --intra is "
                              "shm or threads and all ranks share a node, else 0: none)")
+    parser.add_argument("--cores", type=int, default=None,
+                        help="cores each node's ranks share (default: enough for all; fewer prices oversubscription)")
     args = parser.parse_args(argv)
     try:
         nbytes = parse_size(args.size)
@@ -48,7 +50,11 @@ def main(argv=None) -> int:
             window = parse_size(args.window)
         else:
             window = CAPACITY if args.intra in ("shm", "threads") and per_node >= args.ranks else 0
+        if args.cores is not None and args.cores < 1:
+            raise UsageError(f"--cores must be >= 1, got {args.cores}")
         selector = Selector.from_env()
+        if args.cores is not None and args.intra != "threads":
+            selector.set_host(per_node, args.cores)
         choice = selector.explain(args.collective, nbytes, args.ranks, dtype=args.dtype,
                                   nodes=node_map(args.ranks, per_node), routes=(args.intra, args.inter),
                                   window_bytes=window)

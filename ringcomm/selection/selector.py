@@ -24,7 +24,7 @@ from typing import Optional
 
 from .. import algorithms, env
 from ..errors import UsageError
-from .cost import Link, Network
+from .cost import Link, Network, crowded
 from .tuning import DEFAULT_TUNING, Tuning, load_tuning
 
 MEMO_LIMIT = 4096   # distinct (collective, bytes, shape) choices remembered per selector
@@ -165,6 +165,15 @@ class Selector:
         self._networks: dict = {}
         self._memo: dict = {}
         self._routes: dict = {}
+        self.ranks_per_core = 1.0   # > 1 when the ranks of this host outnumber its cores (set_host)
+
+    def set_host(self, ranks_here: int, cores: int) -> None:
+        """The ranks of this job on this machine and the cores they share: the model prices
+        oversubscription (cost.crowded) from it. ``ringcomm.init`` calls it; in-process thread
+        ranks (ringcomm.testing) share one interpreter, not cores, and never do."""
+        self.ranks_per_core = max(1.0, ranks_here / max(1, cores))
+        self._networks.clear()
+        self._memo.clear()
 
     @classmethod
     def from_env(cls) -> "Selector":
@@ -184,8 +193,9 @@ class Selector:
             else:
                 intra, inter = (self.tuning.link(r, dtype) for r in routes)
             window = self.tuning.link(f"{routes[0]}-window", dtype) if window_bytes else None
-            net = self._networks[key] = Network(intra, inter, local_sizes(nodes, size),
-                                                window=window, window_bytes=window_bytes)
+            c = self.ranks_per_core
+            net = self._networks[key] = Network(crowded(intra, c), crowded(inter, c), local_sizes(nodes, size),
+                                                window=crowded(window, c), window_bytes=window_bytes, crowding=c)
         return net
 
     def explain(self, collective: str, nbytes: int, size: int, *, dtype: str = "float32", nodes=None,
@@ -244,6 +254,9 @@ def describe(choice: Choice) -> str:
         for label, link in (("intra-node", net.intra), ("inter-node", net.inter)):
             lines.append(f"  {label} link: alpha {link.alpha * 1e6:.2f} us, "
                          f"{1 / link.beta / 1e9:.2f} GB/s, reduce {1 / link.gamma / 1e9:.2f} GB/s")
+        if net.crowding > 1:
+            lines.append(f"  oversubscribed: {net.crowding:g} ranks per core (links above include it: copies and "
+                         f"reductions get a share of a core, each step a hand-off)")
         if net.window is not None:
             lines.append(f"  shared window: alpha {net.window.alpha * 1e6:.2f} us per round, "
                          f"{1 / net.window.beta / 1e9:.2f} GB/s, {net.window_bytes >> 10} KiB per rank and round")

@@ -8,7 +8,9 @@
    ranks of different nodes when the job has several (``RINGCOMM_NODE_ID`` can pretend);
    a least-squares fit of t(S) = alpha + S beta, weighted so small and large sizes count alike.
 2. gamma per dtype: the reduction kernel itself, timed on rank 0.
-3. the real crossover points: every all-reduce algorithm, interleaved, at every doubling from
+3. the size from which the shared-memory transport reads peers directly (CMA) rather than
+   staging: both timed, interleaved, from 1 MiB to 64 MiB (``--quick``: to --max-size).
+4. the real crossover points: every all-reduce algorithm, interleaved, at every doubling from
    8 B to 32 MiB (medians of --rounds samples). The selector uses these measured times for exactly this job shape and the fitted
    model everywhere else.
 
@@ -226,6 +228,60 @@ def check(comm, sizes, rounds: int, budget: float) -> int:
     return misses
 
 
+def direct_reader(comm):
+    """The shared-memory transport of this job if it can read peers directly (CMA), else None."""
+    for transport in (getattr(comm.transport, "routes", None) or {}).values():
+        if getattr(transport, "_direct", False) and hasattr(transport, "cma_min_bytes"):
+            return transport
+    return None
+
+
+def measure_cma_floor(comm, rounds: int, budget: float, top: int = 64 << 20) -> Optional[tuple]:
+    """(bytes, {size: (staged s, direct s)}): the smallest all-reduce size from which reading
+    peers directly (CMA) beats staging through shared memory at it and at every larger size
+    measured, timed interleaved, auto algorithm. None when this job cannot read directly. Where
+    direct never wins, the floor is twice the largest size: staging everywhere measured."""
+    import numpy as np
+    shm = direct_reader(comm)
+    if shm is None:
+        return None
+    sizes = [s for s in (1 << 20, 2 << 20, 4 << 20, 8 << 20, 16 << 20, 32 << 20, 64 << 20) if s <= top]
+    old, table = shm.cma_min_bytes, {}
+    modes = ((1 << 62), 0)   # staged (a floor no call reaches), direct (every call)
+    try:
+        for nbytes in sizes:
+            x = np.zeros(nbytes // 4, np.float32)
+            samples = {m: [] for m in modes}
+            for mode in modes:
+                shm.cma_min_bytes = mode
+                comm.all_reduce(x)   # segments and plans ready before timing
+            probe = time.perf_counter()
+            comm.all_reduce(x)
+            per = np.array([time.perf_counter() - probe])
+            comm.broadcast(per)   # every rank runs the same number of calls
+            iters = int(max(2, min(50, budget / max(per[0], 1e-6))))
+            for r in range(rounds):
+                for mode in (modes if r % 2 == 0 else modes[::-1]):
+                    shm.cma_min_bytes = mode
+                    comm.barrier()
+                    t0 = time.perf_counter()
+                    for _ in range(iters):
+                        comm.all_reduce(x)
+                    t = np.array([(time.perf_counter() - t0) / iters])
+                    comm.all_reduce(t, op="max")   # every rank keeps the same figure
+                    samples[mode].append(float(t[0]))
+            table[nbytes] = tuple(statistics.median(samples[m]) for m in modes)
+    finally:
+        shm.cma_min_bytes = old
+    floor = 2 * sizes[-1]
+    for nbytes in reversed(sizes):
+        staged, direct = table[nbytes]
+        if direct >= staged:
+            break
+        floor = nbytes
+    return floor, table
+
+
 def crossovers(sizes, seconds: dict) -> list:
     """[(size where the winner changes, previous winner, new winner), ...]."""
     out, prev = [], None
@@ -298,6 +354,8 @@ def main(argv=None) -> int:
         if comm.rank == 0:
             links[route] = fitted
     gammas = measure_gammas() if comm.rank == 0 else None
+    cma = measure_cma_floor(comm, 3 if args.quick else args.rounds, 0.05 if args.quick else 0.2,
+                            top=max(top, 2 << 20) if args.quick else 64 << 20)
     names = candidates(comm)
     seconds = time_all_reduce(comm, sizes, [(n, n) for n in names], 2 if args.quick else args.rounds,
                               0.01 if args.quick else 0.03)
@@ -330,7 +388,10 @@ def main(argv=None) -> int:
                              if (s.collective, s.local_sizes, s.routes) != ("all_reduce", shape, sweep.routes))
             except UsageError as err:   # an unusable old file is replaced, and the user told so
                 print(f"replacing it: {err}")
-        tuning = Tuning(links, gammas, kept + (sweep,), source="measured")
+        tuning = Tuning(links, gammas, kept + (sweep,), source="measured", cma_min=cma[0] if cma else None)
+        if cma:
+            print("direct reads (CMA) against staging, all_reduce auto: " + "  ".join(
+                f"{n >> 20}M {d / s:.2f}x" for n, (s, d) in cma[1].items()) + f"; from {cma[0] >> 20} MiB on")
         save_tuning(tuning, path, host=socket.gethostname(), ranks=comm.size, local_sizes=list(shape),
                     created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         for route in pairs:

@@ -89,6 +89,7 @@ class Tuning:
     gammas: dict = field(default_factory=lambda: dict(DEFAULT_GAMMAS))   # dtype -> gamma
     sweeps: tuple = ()
     source: str = "built-in defaults"
+    cma_min: Optional[int] = None   # bytes from which the shm transport reads peers directly (tune measures it)
 
     def link(self, transport: str, dtype: str = "float32") -> Link:
         alpha, beta = self.links.get(transport) or self.links.get("mpi") or DEFAULT_LINKS["mpi"]
@@ -119,6 +120,7 @@ class Tuning:
             "sweeps": [{"collective": s.collective, "local_sizes": list(s.local_sizes),
                         "routes": list(s.routes), "dtype": s.dtype, "sizes": list(s.sizes),
                         "seconds": {k: list(v) for k, v in s.seconds.items()}} for s in self.sweeps],
+            **({} if self.cma_min is None else {"cma_min": self.cma_min}),
         }
 
     @classmethod
@@ -177,7 +179,10 @@ class Tuning:
             if list(sizes) != sorted(set(sizes)) or any(len(v) != len(sizes) for v in seconds.values()):
                 raise bad(f"sweeps[{i}]: sizes must ascend and every algorithm needs one time per size")
             sweeps.append(sweep)
-        return cls(links, gammas, tuple(sweeps), source=source)
+        cma_min = data.get("cma_min")
+        if cma_min is not None and (isinstance(cma_min, bool) or not isinstance(cma_min, int) or cma_min < 0):
+            raise bad(f'"cma_min" must be a byte count >= 0, got {cma_min!r}')
+        return cls(links, gammas, tuple(sweeps), source=source, cma_min=cma_min)
 
 
 DEFAULT_TUNING = Tuning()

@@ -33,13 +33,17 @@ MAX_SLEEP = 1e-3
 _spin = SPIN_SHARED   # until init says how many ranks share this machine
 
 
+def cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):   # not Linux
+        return os.cpu_count() or 1
+
+
 def spin_for(ranks_here: int) -> float:
     """The polling budget for ``ranks_here`` ranks sharing this machine's cores."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):   # not Linux
-        cores = os.cpu_count() or 1
-    return SPIN_DEDICATED if ranks_here <= cores else SPIN_SHARED
+    return SPIN_DEDICATED if ranks_here <= cores() else SPIN_SHARED
 
 
 def set_ranks_here(ranks_here: int) -> float:

@@ -27,6 +27,7 @@ import numpy as np
 
 from .polling import SPIN_SHARED, wait_polling
 
+POISON = -1              # the stamp of a rank that gave up (window stamps are never negative)
 CAPACITY = 64 << 10   # payload bytes per rank per round: a few L2 lines' worth per peer
 LINE = 64
 SPIN_SECONDS = SPIN_SHARED   # a window's default budget; shm passes spin_for(its node)
@@ -60,29 +61,38 @@ class Window:
         self._stamps = [[_words(r[LINE + p * (LINE + capacity):][:8]) for p in (0, 1)] for r in regions]
         self._slots = [[r[2 * LINE + p * (LINE + capacity):][:capacity] for p in (0, 1)]
                        for r in regions]
-        self._views: dict = {}   # (parity, dtype, count) -> every rank's slot as such an array
+        self._views: dict = {}   # (count, dtype number) -> per parity, every rank's slot as such an array
         self._peers = [r for r in range(self.size) if r != rank]
 
     def views(self, k: int, dtype, count: int) -> list:
         """Every rank's slot of round ``k`` as an array of ``count`` x ``dtype``, in rank order."""
-        key = (k & 1, dtype, count)
-        views = self._views.get(key)
-        if views is None:
+        key = (count, dtype.num)   # hashing a numpy dtype itself costs as much as the copy in
+        both = self._views.get(key)
+        if both is None:
             if len(self._views) >= 64:   # a job uses a handful of shapes; do not grow without end
                 self._views.clear()
-            views = self._views[key] = [slots[k & 1].view(dtype)[:count] for slots in self._slots]
-        return views
+            both = self._views[key] = [[slots[p].view(dtype)[:count] for slots in self._slots] for p in (0, 1)]
+        return both[k & 1]
 
     def post(self, piece: np.ndarray, stamp: int) -> tuple:
         """Publish ``piece`` (at most ``capacity`` bytes) as this rank's next round:
         (its number, every rank's slot of it as ``views`` gives them)."""
         k = self.round + 1
         views = self.views(k, piece.dtype, piece.size)
-        np.copyto(views[self.rank], piece)
+        views[self.rank][...] = piece
         self._stamps[self.rank][k & 1][0] = stamp
         self._flags[self.rank][0] = k   # last: a peer that sees k sees the payload and stamp
         self.round = k
         return k, views
+
+    def poison(self) -> None:
+        """This rank gave up: post its next round stamped POISON, so that a peer waiting for a round
+        this rank will never post raises instead of completing it with a stale slot. The round it
+        did post keeps its stamp: a peer still reading that one must find there what this rank
+        found (a mismatch is a MismatchError on every rank, not "a peer gave up")."""
+        k = self.round + 1
+        self._stamps[self.rank][k & 1][0] = POISON
+        self._flags[self.rank][0] = k
 
     def stamp(self, rank: int, k: int) -> int:
         return self._stamps[rank][k & 1][0]

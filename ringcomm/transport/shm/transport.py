@@ -767,7 +767,7 @@ class ShmTransport(Transport):
         if self._aborted is not None:
             return self._aborted
         if peer is not None and self.peer_header[peer][ABORT]:
-            return f"rank {self.ranks[peer]} aborted its shm transport"
+            return f"rank {self.ranks[peer]} aborted its {self.name} transport"
         return None
 
     def abort(self, reason: BaseException) -> None:
