@@ -1,7 +1,9 @@
-"""Data-parallel training of a small transformer on ringcomm, launched with mpirun.
+"""Data-parallel training of a small transformer on ringcomm, launched with mpirun or torchrun.
 
     mpirun -n 2 python examples/train.py --backend ringcomm            # ddp.DistributedDataParallel
     mpirun -n 2 python examples/train.py --backend ringcomm --torch-ddp  # torch's DDP on "ringcomm"
+    torchrun --nproc_per_node=2 examples/train.py                      # the same, ranks meet in torchrun's store
+    torchrun --nproc_per_node=2 examples/train.py --torch-ddp
     RINGCOMM_TIMELINE=/tmp/trace.json mpirun -n 2 python examples/train.py   # + Chrome traces
 
 Task (synthetic, so nothing is downloaded): each sample is a sequence of tokens and the label is
@@ -23,7 +25,6 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import ddp
 import ringcomm
-from ringcomm.integrations import torch_backend
 
 
 class MajorityTransformer(nn.Module):
@@ -70,7 +71,7 @@ def main() -> None:
     torch.set_num_threads(1)    # ranks share the cores; one intra-op thread each avoids thrashing
     try:
         if args.torch_ddp:
-            comm = torch_backend.init_process_group(args.backend)
+            comm = ringcomm.init_process_group(args.backend)   # dist.init_process_group("ringcomm") inside
         else:
             comm = ringcomm.init(args.backend)
     except (ValueError, ImportError) as err:

@@ -4,11 +4,14 @@ from .communicator import Communicator
 from .core.ops import ReduceOp, premul_sum
 from .errors import (ArgumentTypeError, CommError, CommTimeoutError, MismatchError, NonFiniteError, PeerAbortedError,
                      RingcommError, UsageError)
-from .init import init
+from .init import init, init_from_store
+from .integrations.autoregister import install as _install_torch_backend
 from .work import Work
 
+_install_torch_backend()   # torch.distributed's backend "ringcomm", once torch is imported
+
 __all__ = [
-    "init", "init_process_group", "Communicator", "ReduceOp", "premul_sum", "Work", "algorithms", "collectives",
+    "init", "init_from_store", "init_process_group", "Communicator", "ReduceOp", "premul_sum", "Work", "algorithms", "collectives",
     "RingcommError", "UsageError", "ArgumentTypeError", "CommError", "CommTimeoutError",
     "MismatchError", "NonFiniteError", "PeerAbortedError",
 ]
@@ -18,6 +21,6 @@ __version__ = "0.2.0"
 def __getattr__(name):
     # torch.distributed is imported only by those who ask for it: numpy-only jobs skip its seconds.
     if name == "init_process_group":
-        from .integrations.torch_backend import init_process_group
+        from .integrations.torch_groups import init_process_group
         return init_process_group
     raise AttributeError(f"module 'ringcomm' has no attribute {name!r}")

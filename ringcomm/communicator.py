@@ -174,15 +174,20 @@ class Communicator:
         thread that runs collectives of its own (collective over this communicator)."""
         return self.split(0, self.rank)
 
-    def _split(self, seq: int, color: Optional[int], key: int) -> Optional["Communicator"]:
-        mine = np.array([-1 if color is None else color, key, self._window_slots()], np.int64)
-        table = np.zeros(3 * self.size, np.int64)
-        table[3 * self.rank:3 * self.rank + 3] = mine
+    def _rows(self, seq: int, what: str, row: list) -> np.ndarray:
+        """Every rank's int64 ``row`` (same length everywhere), as a (size, len) table: the
+        exchange of split and _group, under split's envelope code."""
+        width = len(row)
+        table = np.zeros(width * self.size, np.int64)
+        table[width * self.rank:width * (self.rank + 1)] = row
         program = algorithms.plan("all_gather", "ring", self.rank, Shape(self.size, table.size, seg=table.size))
         executor.run(program, self.transport, (table, table, None), None,
                      envelope=Envelope(seq, SPLIT_CODE, "int64", table.size), timeout=self.timeout,
-                     what=f"split #{seq}")
-        rows = table.reshape(self.size, 3)
+                     what=f"{what} #{seq}")
+        return table.reshape(self.size, width)
+
+    def _split(self, seq: int, color: Optional[int], key: int) -> Optional["Communicator"]:
+        rows = self._rows(seq, "split", [-1 if color is None else color, key, self._window_slots()])
         self._splits += 1
         groups: dict = {}
         for r in range(self.size):
@@ -203,6 +208,39 @@ class Communicator:
         from .topology import Topology
         topology = None if nodes is None else Topology.from_names(members.index(self.rank), nodes)
         return type(self)._sub(self, transport, topology, path)
+
+    def _group(self, members, key: str) -> "Communicator":
+        """MPI_Comm_create_group: a communicator of ``members`` (ranks of this one, in the new
+        communicator's order), made by the members alone: ranks outside it do not call this.
+        ``key`` names the group identically on every member (torch's group name); the context id
+        that keeps its messages apart derives from it, so members agree without asking anyone.
+        Its first collective checks that every member made the same group, and agrees on a
+        shared-window slot for one-shot all-reduces."""
+        members = _member_list(members, self.size, self.rank)
+        if not isinstance(key, str) or not key:
+            raise bad_value("_group", "key", "a non-empty str naming the group on every member", key)
+        with self.engine.state:
+            self._check_usable("_group")
+        path = self.context + (("group", key),)
+        transport = self.transport.group(members, _context_id(path))
+        nodes = None if self.topology is None else tuple(self.topology.node_of[r] for r in members)
+        from .topology import Topology
+        topology = None if nodes is None else Topology.from_names(members.index(self.rank), nodes)
+        sub = self._sub(transport, topology, path)
+        fingerprint = _context_id((key, tuple(members)))
+        call = Call(_SPLIT, None, None, dtype=None, count=0, result=None)
+        sub._submit(call, lambda seq: sub._agree(seq, fingerprint, members), async_op=False)
+        return sub
+
+    def _agree(self, seq: int, fingerprint: int, members: list) -> None:
+        rows = self._rows(seq, "group", [fingerprint, self._window_slots()])
+        odd = [members[r] for r in range(self.size) if rows[r, 0] != fingerprint]
+        if odd:
+            raise MismatchError(f"group #{seq} on rank {self.rank}: ranks {odd} of {members} made another "
+                                f"group under this name (their members or name differ)")
+        free = int(np.bitwise_and.reduce(rows[:, 1]))
+        if free:
+            self.transport.open_window((free & -free).bit_length() - 1)
 
     def _window_slots(self) -> int:
         """Bit mask of the shared-window slots this rank can still give a sub-communicator."""
@@ -234,11 +272,15 @@ class Communicator:
         if close_device is not None:
             close_device()
 
-    def _allow_thread(self, thread: threading.Thread) -> None:
+    def _allow_thread(self, thread: threading.Thread, allow: bool = True) -> None:
         """Let ``thread`` call on behalf of whichever thread has calls in flight (integrations
-        whose completion callbacks issue collectives, like torch's DDP comm hooks)."""
+        whose completion callbacks issue collectives, like torch's DDP comm hooks); ``allow=False``
+        forgets it (a thread that ends)."""
         with self.engine.state:
-            self.engine.delegates.add(thread)
+            if allow:
+                self.engine.delegates.add(thread)
+            else:
+                self.engine.delegates.discard(thread)
 
     @property
     def devices(self) -> tuple:
@@ -639,6 +681,17 @@ class _Split:
 
 
 _SPLIT = _Split()
+
+
+def _member_list(members, size: int, rank: int) -> list:
+    if isinstance(members, (str, bytes)) or not hasattr(members, "__iter__"):
+        raise bad_type("_group", "members", "a list of ranks", type(members).__name__)
+    out = [int(m) for m in members]
+    if not out or len(set(out)) != len(out) or not all(0 <= m < size for m in out):
+        raise bad_value("_group", "members", f"distinct ranks in [0, {size - 1}]", out)
+    if rank not in out:
+        raise bad_value("_group", "members", f"a list that holds this rank ({rank}): only members call it", out)
+    return out
 
 
 def _context_id(path: tuple) -> int:

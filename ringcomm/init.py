@@ -1,13 +1,17 @@
-"""ringcomm.init(): a Communicator for the current ``mpirun`` job.
+"""ringcomm.init(): a Communicator for the current ``mpirun`` or ``torchrun`` job.
 
-Nothing but mpirun is needed (no MASTER_ADDR, no torchrun): MPI supplies rank and size, and the
-reference backends arrange their own rendezvous over it. ``RINGCOMM_BACKEND`` picks the backend
-when the caller does not, so one training script compares backends without edits;
-``RINGCOMM_TIMEOUT`` sets the default deadline (seconds) of every collective.
+Under mpirun nothing else is needed (no MASTER_ADDR): MPI supplies rank and size, and the
+reference backends arrange their own rendezvous over it. Under torchrun (no MPI job: no PMI or
+Open MPI variables) rank and size come from RANK and WORLD_SIZE and the ranks meet in
+torchrun's store at MASTER_ADDR:MASTER_PORT (``init_from_store``: shared memory on one node).
+``RINGCOMM_BACKEND`` picks the backend when the caller does not, so one training script
+compares backends without edits; ``RINGCOMM_TIMEOUT`` sets the default deadline (seconds) of
+every collective.
 
-Other launchers' variables are read only to refuse a job MPI does not know about: under
-torchrun (or srun without MPI wired to Slurm) every process initialises MPI alone and would get
-a world of its own, so N unsynchronised replicas would train. See ``launcher_views``.
+Launchers' variables are also read to refuse a job nobody can assemble: under srun without MPI
+wired to Slurm (or torchrun's variables without its store) every process would initialise MPI
+alone and get a world of its own, so N unsynchronised replicas would train; and an MPI job
+whose torchrun variables say otherwise. See ``launcher_views``.
 """
 from __future__ import annotations
 
@@ -39,6 +43,9 @@ def init(backend: Optional[str] = None, *, timeout: Optional[float] = None) -> C
     backend = _backend(backend)
     timeout = _timeout(timeout)
     views = launcher_views()
+    torchrun = _torchrun_store(views, backend, timeout)
+    if torchrun is not None:
+        return init_from_store(*torchrun, timeout=timeout)
     MPI = _mpi()
     _agree_with_launchers(MPI.COMM_WORLD, views)
     from .topology import discover
@@ -62,6 +69,62 @@ def init(backend: Optional[str] = None, *, timeout: Optional[float] = None) -> C
     except BaseException:
         world.Free()   # a failed init leaves no MPI communicator behind
         raise
+
+
+def init_from_store(store, rank: int, size: int, *, timeout: Optional[float] = None) -> Communicator:
+    """A Communicator for a job with no MPI, whose ``size`` ranks all reach ``store`` (a
+    torch.distributed Store: torchrun's, or the one torch hands a process group). Collective
+    over them. Ranks on one host use shared memory bootstrapped through the store; ranks on
+    several hosts raise UsageError naming mpirun (transport/factory.py ``build_from_store``)."""
+    env.check_all()
+    timeout = _timeout(timeout)
+    chosen = env.get("RINGCOMM_BACKEND") or "ringcomm"
+    if chosen != "ringcomm":
+        raise UsageError(f"init: RINGCOMM_BACKEND={chosen} runs over MPI, but this job was not started by "
+                         f"mpirun; launch with mpirun, or unset RINGCOMM_BACKEND")
+    from .transport import factory
+    transport, topology = factory.build_from_store(store, rank, size, timeout)
+    polling.set_ranks_here(topology.local_size)   # one host: build_from_store refuses more
+    comm = Communicator(transport, timeout=timeout, local_rank=topology.local_rank, local_size=topology.local_size,
+                        node_count=topology.node_count, topology=topology)
+    comm._store = store   # the node's later handshakes (allocate) still meet in it
+    return comm
+
+
+# Set by MPICH's and Intel MPI's launchers (PMI), Open MPI's and PMIx-based ones (srun --mpi=pmix).
+_MPI_LAUNCH_VARIABLES = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS")
+_store_inits = 0   # init_from_store calls on torchrun's store so far: each gets keys of its own
+
+
+def mpi_launched(environ: Optional[Mapping[str, str]] = None) -> bool:
+    """Was this process started by an MPI launcher (so MPI knows its job)?"""
+    environ = os.environ if environ is None else environ
+    return any(v in environ for v in _MPI_LAUNCH_VARIABLES)
+
+
+def _torchrun_store(views: list, backend: str, timeout: float) -> Optional[tuple]:
+    """(store, rank, size) when torchrun started this job and MPI did not; else None."""
+    torchrun = next((v for v in views if v.launcher == "torchrun" and v.claims_company()), None)
+    if torchrun is None or mpi_launched() or torchrun.rank is None or torchrun.size is None:
+        return None
+    host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if not host or not (port or "").isdigit():
+        return None   # not torchrun's store either: launcher_problem refuses below
+    if backend != "ringcomm":
+        raise UsageError(f"init: backend {backend!r} runs over MPI, but torchrun started this job "
+                         f"({torchrun.text}); launch it with mpirun, or use backend 'ringcomm', which "
+                         f"meets its peers in torchrun's store")
+    global _store_inits
+    import datetime
+
+    import torch.distributed as dist
+    # torchrun's agent hosts the store (TORCHELASTIC_USE_AGENT_STORE); without it rank 0 does,
+    # as in torch's env:// rendezvous.
+    master = torchrun.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+    store = dist.TCPStore(host, int(port), torchrun.size, master, timeout=datetime.timedelta(seconds=timeout),
+                          wait_for_workers=False)
+    _store_inits += 1
+    return dist.PrefixStore(f"ringcomm/init{_store_inits}/", store), torchrun.rank, torchrun.size
 
 
 def _backend(backend) -> str:
@@ -107,9 +170,9 @@ def _mpi():
 
 # ---- other launchers ----------------------------------------------------------------------------
 _log = logging.getLogger("ringcomm.init")
-_MPIRUN_HINT = ("ringcomm takes rank and size from MPI: launch with mpirun (for example "
-                "`mpirun -n {n} python script.py`); torchrun support, through its store, is coming "
-                "in another change")
+_MPIRUN_HINT = ("ringcomm takes rank and size from MPI, or from torchrun with its store: launch with "
+                "mpirun (for example `mpirun -n {n} python script.py`) or torchrun (which also sets "
+                "MASTER_ADDR and MASTER_PORT)")
 
 
 @dataclass(frozen=True)

@@ -213,7 +213,7 @@ def test_c10d_backends_take_device_arrays_through_dlpack_not_from_numpy(cp, monk
 def test_ddp_and_the_torch_backend_keep_tensors_on_devices_the_communicator_lists(cp):
     """Defect 5: no communicator declared its devices, so CUDA buckets always went to the host."""
     from ddp.comm_hooks import comm_accepts, device_type
-    from ringcomm.integrations.torch_backend import _accepts
+    from ringcomm.integrations.torch_tensors import accepts as _accepts
 
     class Tensor:   # the CPU build cannot make a CUDA tensor; _accepts reads these two things
         device = torch.device("cuda", 0)

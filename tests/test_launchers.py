@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from mpi_util import JOBS, ROOT
+from mpi_util import ROOT
 from ringcomm import UsageError
 from ringcomm.init import launcher_problem, launcher_views
 
@@ -38,7 +38,7 @@ def test_views_read_what_is_set():
 def test_mpi_alone_but_a_launcher_says_several_is_refused():
     problem = launcher_problem(0, 1, launcher_views({"RANK": "1", "WORLD_SIZE": "2"}))
     assert "MPI started this process alone" in problem and "RANK=1 WORLD_SIZE=2" in problem
-    assert "mpirun -n 2" in problem and "torchrun support" in problem
+    assert "mpirun -n 2" in problem and "MASTER_ADDR" in problem
     slurm = launcher_problem(0, 1, launcher_views({"SLURM_PROCID": "0", "SLURM_NTASKS": "4"}))
     assert "one of 4 processes" in slurm and "Slurm" in slurm
 
@@ -90,15 +90,35 @@ def _free_port() -> int:
 
 
 @pytest.mark.mpi
-def test_torchrun_fails_on_every_rank_instead_of_a_world_of_one():
+def test_torchrun_then_plain_init_process_group_gives_the_whole_world_over_shared_memory():
+    from test_torch_c10d import torchrun
+    proc = torchrun(2, "torchrun_world.py", timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    for rank in (0, 1):
+        assert f"world size 2 on rank {rank}: sum 3.0 over {{{1 - rank}: 'shm'}}" in proc.stdout, out
+
+
+def _store_job(rank: int, size: int, port: int, **env_vars) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS and not k.startswith("RINGCOMM_")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    # torchrun ends the other workers once it sees one fail; looking every 5 s lets both fail first.
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master-addr=127.0.0.1",
-           f"--master-port={_free_port()}", "--monitor-interval=5", str(JOBS / "torchrun_world.py")]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode != 0 and "world size" not in proc.stdout, out
-    for rank in (0, 1):
-        assert f"RANK={rank} WORLD_SIZE=2" in out, f"rank {rank} did not refuse:\n{out}"
-    assert out.count("UsageError: init: MPI started this process alone") >= 2, out
+    env.update(RANK=str(rank), WORLD_SIZE=str(size), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(port), RINGCOMM_TIMEOUT="5", **env_vars)
+    return subprocess.Popen([sys.executable, "-c", INIT], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def test_a_torchrun_rank_whose_peers_never_come_fails_naming_them_not_a_world_of_one():
+    proc = _store_job(0, 2, _free_port())
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0 and "size" not in out, out
+    assert "not every rank of [0, 1] reached the store within 5 s" in err, err
+
+
+def test_torchrun_across_nodes_is_refused_at_init_naming_mpirun():
+    port = _free_port()
+    jobs = [_store_job(r, 2, port, RINGCOMM_NODE_ID=f"node{r}") for r in (0, 1)]
+    for job in jobs:
+        out, err = job.communicate(timeout=120)
+        assert job.returncode != 0 and "size" not in out, out
+        assert "run on 2 nodes (node0, node1)" in err and "Launch with mpirun" in err, err

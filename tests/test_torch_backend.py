@@ -10,17 +10,19 @@ from datetime import timedelta
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch._C._distributed_c10d import AllreduceOptions
 
 from mpi_util import run_mpi
-from ringcomm import CommError, CommTimeoutError, MismatchError, PeerAbortedError
-from ringcomm.integrations.torch_backend import RingcommProcessGroup, _Shared
+from ringcomm import CommError, CommTimeoutError, MismatchError, PeerAbortedError, UsageError
+from ringcomm.integrations.torch_backend import RingcommProcessGroup
+from ringcomm.integrations.torch_groups import Shared
 from ringcomm.integrations.torch_work import seconds
 from ringcomm.testing import run_threads
 
 
 def group_of(comm, timeout=None, shared=None):
-    return RingcommProcessGroup(shared or _Shared(comm, owned=False), comm.rank, comm.size, timeout)
+    return RingcommProcessGroup(shared or Shared(comm, owned=False), comm.rank, comm.size, timeout)
 
 
 def opts(blocking=False):
@@ -42,6 +44,18 @@ def test_results_and_typed_values():
         return t.tolist(), blocking.tolist()
     for reduced, ones in run_threads(2, body):
         assert reduced == [3.0] * 4 and ones == [2.0] * 3
+
+
+def test_an_op_the_dtype_cannot_take_is_named_not_shown_as_an_object():
+    def body(comm):
+        pg = group_of(comm)
+        o = opts()
+        o.reduceOp = dist.ReduceOp.BAND
+        with pytest.raises(UsageError, match=r'argument "op" \(expected sum, prod, min, max, avg or premul_sum for '
+                                             r"floating dtype float32, got 'band'\)") as info:
+            pg.allreduce([torch.ones(3)], o).wait()
+        assert "object at 0x" not in str(info.value)
+    run_threads(2, body)
 
 
 @pytest.mark.parametrize("blocking", [False, True])
@@ -79,7 +93,7 @@ def test_wait_timeout_raises_and_the_work_goes_on():
 
 def test_group_timeout_shorter_than_the_communicators_fires_and_aborts():
     def body(comm):
-        shared = _Shared(comm, owned=False)
+        shared = Shared(comm, owned=False)
         group_of(comm, shared=shared)                  # the world group: the communicator's 30 s
         pg = group_of(comm, timeout=0.3, shared=shared)
         assert comm.timeout == 30
@@ -199,7 +213,7 @@ def test_a_call_queued_behind_a_stuck_callback_fails_instead_of_hanging():
             return
         stuck = pg.allreduce([torch.ones(1)], opts()).get_future().then(lambda f: release.wait(30))
         try:
-            with pytest.raises(CommTimeoutError, match=r"allreduce on rank 0: not issued after .*callbacks of "
+            with pytest.raises(CommTimeoutError, match=r"all_reduce on rank 0: not issued after .*callbacks of "
                                                        r"all_reduce #\d+"):
                 pg.allreduce([torch.ones(1)], opts()).wait()
         finally:

@@ -46,8 +46,9 @@ from .torch_work import ABORT_GRACE, Pending
 class Engine:
     KEEP_IDLE = 2
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, comm=None):
         self._name = name
+        self._comm = comm                         # its threads may call on the caller's behalf
         self._cv = threading.Condition()
         self._next = 0                            # index of the next call issued
         self._live: dict = {}                     # index -> Pending, until its callbacks returned
@@ -84,7 +85,7 @@ class Engine:
             if parent is not None:
                 self._await_turn(parent, pending)
             if not (blocking and parent is None and not self._live
-                    and (group.comm.timeout is None or group.timeout >= group.comm.timeout)):
+                    and (group.comm.timeout is None or pending.timeout >= group.comm.timeout)):
                 self._issue(pending)
                 return
             index = self._next
@@ -190,9 +191,21 @@ class Engine:
     # ---- completion -------------------------------------------------------------------------------
     def _start_thread(self) -> None:
         self._started += 1
-        threading.Thread(target=self._serve, daemon=True, name=f"{self._name}-{self._started}").start()
+        thread = threading.Thread(target=self._serve, daemon=True, name=f"{self._name}-{self._started}")
+        if self._comm is not None:
+            # Its calls (queued ones, those of callbacks) come in the one issue order (module
+            # doc), so the communicator's one-thread rule must not refuse them.
+            self._comm._allow_thread(thread)
+        thread.start()
 
     def _serve(self) -> None:
+        try:
+            self._lead()
+        finally:
+            if self._comm is not None:
+                self._comm._allow_thread(threading.current_thread(), allow=False)
+
+    def _lead(self) -> None:
         while True:
             with self._cv:
                 self._idle += 1

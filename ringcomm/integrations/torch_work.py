@@ -69,6 +69,25 @@ def seconds(timeout) -> Optional[float]:
     return value if value > 0 else None
 
 
+# ---- torch.profiler ranges ---------------------------------------------------------------------
+def begin_range(name: str, tensors: list):
+    """A record_function range "ringcomm:<name>" with the tensors' shapes, as torch's gloo
+    records "gloo:all_reduce"; ended by ``end_range`` from the thread that learns the outcome
+    (so it is an async range, as gloo's are). None when no profiler is running."""
+    if not torch.autograd.profiler._is_profiler_enabled:
+        return None
+    return torch._C._autograd._record_function_with_args_enter(f"ringcomm:{name}", *tensors)
+
+
+def end_range(handle) -> None:
+    if handle is not None:
+        torch._C._autograd._record_function_with_args_exit(handle)
+
+
+def profiling() -> bool:
+    return torch.autograd.profiler._is_profiler_enabled
+
+
 # ---- typed futures (TorchScript) ----------------------------------------------------------------
 def _after(signal: torch.futures.Future[List[torch.Tensor]],
            tensors: List[torch.Tensor]) -> List[torch.Tensor]:
@@ -103,9 +122,12 @@ class Pending:
     when ``launch`` runs (torch_engine.py): at once, or after earlier calls' callbacks.
     """
 
-    def __init__(self, group, collective: str, launches: list, result: list, finish: Optional[Callable], site):
+    def __init__(self, group, collective: str, launches: list, result: list, finish: Optional[Callable], site,
+                 timeout: Optional[float] = None, profiled=None):
         self.group, self.collective, self.result, self.finish = group, collective, result, finish
         self.site = site
+        self.timeout = group.timeout if timeout is None else timeout   # the op's own, or its group's
+        self._profiled = profiled          # its torch.profiler range, ended when the outcome is known
         self.what = f"{collective} on rank {group.rank()}"
         self._launches = launches
         self.works: list = []
@@ -142,6 +164,8 @@ class Pending:
                 launch(False)
             if self.finish is not None:
                 self.finish()
+        except CommTimeoutError as err:
+            self.error = self._named(self._timed_out(err, self.timeout))
         except BaseException as err:   # kept for wait() and the futures
             self.error = self._named(err)
 
@@ -176,7 +200,7 @@ class Pending:
 
     def settle(self) -> None:
         """Wait for every Work, then write back; record the outcome. Runs on the leading thread."""
-        timeout, comm_timeout = self.group.timeout, self.group.comm.timeout
+        timeout, comm_timeout = self.timeout, self.group.comm.timeout
         # Equal or longer than ringcomm's own deadline: ringcomm fires first and names the peer.
         slack = max(1.0, 0.05 * timeout) if comm_timeout is not None and timeout >= comm_timeout else 0.0
         self.deadline = time.monotonic() + timeout + slack
@@ -184,14 +208,20 @@ class Pending:
             for work in self.works:
                 try:
                     work.wait(max(0.0, self.deadline - time.monotonic()))
-                except CommTimeoutError:
-                    if work.is_completed():
-                        raise                      # the collective's own failure
+                except CommTimeoutError as err:
+                    if work.is_completed():        # ringcomm's own deadline, which names the peer
+                        raise self._timed_out(err, timeout) from err
                     raise self._expired(work, timeout) from None
             if self.error is None and self.finish is not None:
                 self.finish()
         except BaseException as err:   # kept for wait() and the futures
             self.error = self.error or self._named(err)
+
+    def _timed_out(self, err: CommTimeoutError, timeout: float) -> CommTimeoutError:
+        """ringcomm's timeout, saying which timeout of torch's it was (the communicator's
+        deadline is the largest timeout of its groups, torch_groups.Shared.retime)."""
+        whose = "the process group's" if self.timeout == self.group.timeout else "this call's"
+        return CommTimeoutError(f"{err} ({whose} timeout of {timeout:g} s)")
 
     def fail(self, err: BaseException) -> None:
         """The outcome of a call that will never be issued."""
@@ -210,7 +240,8 @@ class Pending:
         return named
 
     def _expired(self, work, timeout: float) -> CommTimeoutError:
-        reason = (f"{self.what}: not complete within the process group's timeout of {timeout:g} s; "
+        whose = "the process group's" if self.timeout == self.group.timeout else "its"
+        reason = (f"{self.what}: not complete within {whose} timeout of {timeout:g} s; "
                   f"the communicator was aborted")
         self.group.abort_communicator(reason)
         try:
@@ -222,6 +253,7 @@ class Pending:
 
     def publish(self) -> None:
         """Complete the futures, if any were asked for. Their callbacks run here, in this thread."""
+        end_range(self._profiled)
         with self._lock:
             self._published = True
             signal = self._signal
@@ -285,3 +317,36 @@ class Work(dist.Work):
     def __repr__(self) -> str:
         state = "pending" if not self.is_completed() else "failed" if self._pending.error else "done"
         return f"<ringcomm c10d Work {self._pending.what} {state}>"
+
+
+class Combined(dist.Work):
+    """What ``_end_coalescing`` returns: the Works of every call made since ``_start_coalescing``
+    (inside ``dist._coalescing_manager`` that is one fused call; torch waits on this one)."""
+
+    def __init__(self, works: list):
+        super().__init__()
+        self._works = list(works)
+
+    def wait(self, timeout=None) -> bool:
+        for w in self._works:
+            w.wait(timeout)
+        return True
+
+    def is_completed(self) -> bool:
+        return all(w.is_completed() for w in self._works)
+
+    def is_success(self) -> bool:
+        return all(w.is_success() for w in self._works)
+
+    def exception(self):
+        return next((w.exception() for w in self._works if w.exception() is not None), None)
+
+    def result(self):
+        return [t for w in self._works for t in w.result()]
+
+    def get_future(self):
+        if len(self._works) == 1:
+            return self._works[0].get_future()
+        results = self.result()
+        return torch.futures.collect_all([w.get_future() for w in self._works]).then(
+            lambda f: [x.value() for x in f.value()] and results)

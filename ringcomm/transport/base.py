@@ -117,6 +117,17 @@ class Transport(ABC):
         agreed on (None: no window)."""
         raise NotImplementedError(f"the {self.name} transport has no sub-communicators")
 
+    def group(self, members: list, context: int):
+        """The transport of a communicator of ``members`` alone (``comm._group``, like
+        MPI_Comm_create_group): only the members call it. Transports whose ``split`` is local
+        (a view: threads, shared memory) make the same view; MPI and routed transports override.
+        No window yet: the members agree on a slot over the new transport, then ``open_window``."""
+        return self.split(members, None, 0, context)
+
+    def open_window(self, slot: int) -> None:
+        """Give this sub-communicator's transport the shared window ``slot`` its members agreed
+        is free on each of them; a transport without shared windows ignores it."""
+
     def abort(self, reason: BaseException) -> None:
         """Release every waiter with PeerAbortedError; later calls fail fast."""
 

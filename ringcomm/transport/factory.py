@@ -11,7 +11,7 @@ import socket
 
 from .. import env
 from ..errors import UsageError
-from ..topology import Topology
+from ..topology import Topology, node_name
 from .base import Transport
 
 CHOICES = ("auto", "mpi", "shm")
@@ -53,6 +53,36 @@ def build(mpi_comm, topology: Topology, timeout: float = 300.0) -> Transport:
     mpi = MPITransport(mpi_comm)
     routes = {p: (shm if p in shm.local else mpi) for p in range(size) if p != rank}
     return RoutedTransport(rank, size, routes, [shm, mpi], node=shm)
+
+
+def build_from_store(store, rank: int, size: int, timeout: float = 300.0) -> tuple:
+    """(transport, topology) for a job that has no MPI, only a torch.distributed Store every rank
+    reaches (torchrun, torch's test harness): collective over the ``size`` ranks.
+
+    Ranks on one host talk through shared memory, bootstrapped through the store (store.py).
+    Ranks on several nodes are refused at init, on every rank: between nodes ringcomm's path is
+    MPI, which a job not started by mpirun does not have."""
+    from .routed import RoutedTransport
+    from .store import StoreComm
+    world = StoreComm(store, list(range(size)), rank, timeout, name="world")
+    names = world.allgather(f"{node_name()}\0{socket.gethostname()}")
+    topology = Topology.from_names(rank, [n.split("\0")[0] for n in names])
+    if len(set(names)) > 1:
+        nodes = sorted(set(n.split("\0")[0] for n in names))
+        raise UsageError(f"init: the {size} ranks of this job run on {len(nodes)} nodes ({', '.join(nodes)}), "
+                         f"but it was not started by mpirun, and ringcomm reaches other nodes only through "
+                         f"MPI (torch's store bootstraps shared memory within one node). Launch with mpirun "
+                         f"(for example `mpirun -n {size} -ppn {topology.local_size} -hosts "
+                         f"{','.join(nodes)} python script.py`), or use torch's gloo backend across nodes")
+    if choice() == "mpi":
+        raise UsageError("init: RINGCOMM_TRANSPORT=mpi, but this job was not started by mpirun (it has "
+                         "no MPI); launch with mpirun, or use RINGCOMM_TRANSPORT=auto or shm")
+    if size == 1:
+        return RoutedTransport(0, 1, {}, []), topology
+    from .shm import ShmTransport
+    node = StoreComm(store, list(range(size)), rank, timeout, name="node", payloads=True)
+    shm = ShmTransport(node, list(range(size)), world_rank=rank, world_size=size, setup_timeout=timeout)
+    return RoutedTransport(rank, size, {p: shm for p in range(size) if p != rank}, [shm], node=shm), topology
 
 
 def describe(transport: Transport) -> dict:

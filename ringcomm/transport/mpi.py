@@ -106,6 +106,12 @@ class MPITransport(Transport):
         sub = self.comm.Split(MPI.UNDEFINED if members is None else color, position)
         return None if members is None else MPITransport(sub)
 
+    def group(self, members, context):
+        """MPI_Comm_create_group: collective over ``members`` only; ``context`` (the same on every
+        member) is its tag, so that groups created at once from other threads do not cross."""
+        sub = self.comm.Create_group(self.comm.Get_group().Incl(list(members)), tag=context % 32749)
+        return MPITransport(sub)
+
     def aborted_reason(self) -> Optional[str]:
         return self._aborted
 

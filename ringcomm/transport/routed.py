@@ -208,6 +208,35 @@ class RoutedTransport(Transport):
             return None
         return DeviceSeed(sub_comm, ranks, self.seed.timeout)
 
+    def group(self, members, context):
+        """``split`` for ``members`` alone: a view of the node's transport for members on this
+        node, and an MPI communicator of the members (MPI_Comm_create_group) when some are on
+        other nodes. Every member sees a remote member exactly when the members span nodes, so
+        either all of them create the MPI communicator or none does."""
+        if not self.transports:
+            return RoutedTransport(0, 1, {}, [])
+        local = self.node if self.node is not None else self.transports[0]
+        remote = next((t for t in self.transports if t is not local), None)
+        me = members.index(self.rank)
+        far = [m for m in members if m != self.rank and self.routes[m] is not local]
+        group_remote = remote.group(members, context) if far else None
+        near = [m for m in members if m != self.rank and self.routes[m] is local]
+        group_local = local.group(members, context) if near else None
+        routes = {i: (group_local if self.routes[m] is local else group_remote)
+                  for i, m in enumerate(members) if i != me}
+        # No DeviceSeed: CUDA IPC would be set up over an MPI communicator of the node's members,
+        # which a group made by its members alone does not have; CUDA tensors go through host memory.
+        sub = RoutedTransport(me, len(members), routes, [t for t in (group_local, group_remote) if t is not None])
+        sub.local = group_local
+        return sub
+
+    def open_window(self, slot: int) -> None:
+        """The window over the node's view, where the view reaches every member."""
+        local = self.local
+        if local is not None and self.window is None and all(t is local for t in self.routes.values()):
+            local.open_window(slot)
+            self.window = local.window
+
     def free_window_slots(self) -> int:
         """The node transport's free window slots, where one node holds this whole communicator."""
         local = self.node if self.node is not None else (self.transports[0] if self.transports else None)

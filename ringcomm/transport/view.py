@@ -71,6 +71,11 @@ class TransportView(Transport):
         parent = [self.members[m] for m in members] if members is not None else None
         return self.base.split(parent, color, key, context, slot)
 
+    def open_window(self, slot: int) -> None:
+        make = getattr(self.base, "window_of", None)
+        if self.window is None and make is not None:
+            self.window = make(self.members, slot)
+
     def abort(self, reason: BaseException) -> None:
         # Only this communicator gives up: its peers learn it from the abort notices it sends.
         self._aborted = f"aborted: {reason}"

@@ -800,14 +800,18 @@ class ShmTransport(Transport):
         if members is None:
             return None
         from ..view import TransportView
-        window = None
-        if slot is not None and slot > 0 and all(m in self.local for m in members):
-            self._slots_used.add(slot)
-            regions = self.window_regions(slot)
-            node_ranks = [self.local[m] for m in members]
-            window = Window(members.index(self.rank), [regions[r] for r in node_ranks],
-                            aborted=lambda peer: self.aborted_reason(node_ranks[peer]), spin=spin_for(self.n))
-        return TransportView(self, members, context, window)
+        return TransportView(self, members, context, self.window_of(members, slot))
+
+    def window_of(self, members: list, slot: Optional[int]):
+        """The one-shot window ``slot`` over ``members`` (global ranks, in their communicator's
+        order), or None when there is no slot or a member is not on this node."""
+        if slot is None or slot <= 0 or not all(m in self.local for m in members):
+            return None
+        self._slots_used.add(slot)
+        regions = self.window_regions(slot)
+        node_ranks = [self.local[m] for m in members]
+        return Window(members.index(self.rank), [regions[r] for r in node_ranks],
+                      aborted=lambda peer: self.aborted_reason(node_ranks[peer]), spin=spin_for(self.n))
 
 
 def _reduce(req: _Recv, dst, msg, start: int) -> None:
