@@ -88,6 +88,8 @@ def init_from_store(store, rank: int, size: int, *, timeout: Optional[float] = N
     comm = Communicator(transport, timeout=timeout, local_rank=topology.local_rank, local_size=topology.local_size,
                         node_count=topology.node_count, topology=topology)
     comm._store = store   # the node's later handshakes (allocate) still meet in it
+    comm.selector.set_host(topology.local_size, polling.cores())
+    _direct_reads_from(comm, comm.selector.tuning.cma_min)
     return comm
 
 
