@@ -155,3 +155,25 @@ def test_work_wait_timeout_raises_instead_of_hanging():
         comm.barrier()
     out = run_threads(2, fn, timeout=10)
     assert (out[0] == 2).all()
+
+
+def test_any_call_after_close_raises_at_once_async_or_not():
+    """close() and then an async call used to leave work that never ran and a next blocking call
+    that hung past its timeout; now every call after close raises CommError at once."""
+    def body(comm):
+        x = np.ones(4)
+        comm.all_reduce(x)
+        comm.all_reduce(x)   # remembered: the next one would take the fast road
+        persistent = comm.all_reduce_init(np.ones(4))
+        comm.close()
+        seen = []
+        for call in (lambda: comm.all_reduce(np.ones(4), async_op=True), lambda: comm.all_reduce(x),
+                     lambda: comm.broadcast(np.ones(4), async_op=True), lambda: comm.barrier(),
+                     persistent, persistent.start):
+            started = time.monotonic()
+            with pytest.raises(CommError, match="closed"):
+                call()
+            seen.append(time.monotonic() - started)
+        return max(seen)
+    for took in run_threads(2, body, timeout=30):
+        assert took < 1.0
