@@ -300,7 +300,9 @@ def test_oversubscribed_ranks_are_priced_per_step_and_keep_few_step_algorithms_l
     dedicated, shared = Selector(), Selector()
     shared.set_host(4, 2)
     kw = dict(routes=("shm", "shm"), window_bytes=64 << 10)
-    assert dedicated.explain("all_reduce", 64 << 10, 4, **kw).algorithm != "one_shot"
+    # Every step of a ring pays a hand-off; the one-shot round pays one: the ring falls further behind.
+    ded, crowd = (s.explain("all_reduce", 16 << 10, 4, **kw).predicted for s in (dedicated, shared))
+    assert crowd["ring"] - ded["ring"] >= 6 * HANDOFF > crowd["one_shot"] - ded["one_shot"] >= HANDOFF
     assert shared.explain("all_reduce", 64 << 10, 4, **kw).algorithm == "one_shot"
     choice = shared.explain("all_reduce", 64 << 10, 4, **kw)
     assert choice.network.crowding == 2.0

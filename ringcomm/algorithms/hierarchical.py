@@ -100,7 +100,7 @@ def node_terms(nbytes: float, net: Network) -> tuple:
     inside += extras * (2 * intra.alpha + 2 * nbytes * intra.beta + nbytes * intra.gamma)
     inter = net.inter
     if net.nics:   # m ranks cross at once through nics cards: each gets a share
-        inter = Link(inter.alpha, inter.beta * max(1.0, m / net.nics), inter.gamma)
+        inter = Link(inter.alpha, inter.beta * max(1.0, m / net.nics), inter.gamma, inter.call)
     return nbytes / m, inside, inter
 
 

@@ -26,6 +26,7 @@ class Link:
     alpha: float
     beta: float
     gamma: float
+    call: float = 0.0   # seconds a schedule algorithm pays once per call on this link (selector.predict)
 
     def with_gamma(self, gamma: float) -> "Link":
         return replace(self, gamma=gamma)
@@ -81,6 +82,10 @@ class Network:
     def gamma(self) -> float:
         return self.link.gamma
 
+    @property
+    def call(self) -> float:
+        return self.link.call
+
 
 # What one synchronising step costs on top of alpha when ranks outnumber cores: the waiter polls
 # its short budget (transport/polling.py: 50 us), sleeps, and the peer it waits for gets the core
@@ -95,7 +100,8 @@ def crowded(link: Optional[Link], ranks_per_core: float) -> Optional[Link]:
     doubling) well past the sizes where a dedicated core favours bandwidth (ring, Rabenseifner)."""
     if link is None or ranks_per_core <= 1:
         return link
-    return Link(link.alpha + HANDOFF, link.beta * ranks_per_core, link.gamma * ranks_per_core)
+    return Link(link.alpha + HANDOFF, link.beta * ranks_per_core, link.gamma * ranks_per_core,
+                link.call * ranks_per_core)
 
 
 def as_network(link, size: int) -> Network:

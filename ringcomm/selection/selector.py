@@ -99,12 +99,15 @@ def predict(collective: str, nbytes: int, net: Network, uneven: bool = False) ->
     """((name, predicted seconds), ...) for every algorithm of ``collective``, registry order.
     Algorithms that need equal counts cannot run an ``uneven`` call: infinitely expensive."""
     out = []
+    # What a schedule pays once per call whatever its steps (the executor compiling the call's
+    # steps, the transport staging its arrays): measured by `tune` ("plus N us per call").
+    fixed = net.call if net.size > 1 and nbytes > 0 else 0.0
     for name in algorithms.names(collective):
         algorithm = algorithms.get(collective, name)
         if uneven and algorithm.kind == "schedule" and algorithm.even_only:
             out.append((name, math.inf))
         else:
-            out.append((name, algorithm.cost(nbytes, net)))
+            out.append((name, algorithm.cost(nbytes, net) + (fixed if algorithm.kind == "schedule" else 0.0)))
     return tuple(out)
 
 

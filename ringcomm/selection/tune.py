@@ -368,7 +368,7 @@ def main(argv=None) -> int:
             alpha_b = links[intra_route]
             fitted = fit_alpha(sizes, seconds, Tuning(links, gammas).link(intra_route), shape)
             if fitted is not None:
-                links[intra_route] = (fitted[0], alpha_b[1])
+                links[intra_route] = (fitted[0], alpha_b[1], fitted[1])
                 print(f"{intra_route}: ping-pong alpha {alpha_b[0] * 1e6:.2f} us; alpha as the collectives feel it "
                       f"{fitted[0] * 1e6:.2f} us, plus {fitted[1] * 1e6:.1f} us per call")
         window = comm.transport.window
@@ -395,7 +395,7 @@ def main(argv=None) -> int:
         save_tuning(tuning, path, host=socket.gethostname(), ranks=comm.size, local_sizes=list(shape),
                     created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         for route in pairs:
-            a, b = links[route]
+            a, b = links[route][:2]
             print(f"{route:8s} alpha {a * 1e6:8.2f} us   beta {1 / b / 1e9:6.2f} GB/s")
         print("gamma    " + "  ".join(f"{k} {1 / v / 1e9:.2f} GB/s" for k, v in gammas.items()))
         model = Selector(tuning=Tuning(links, gammas))

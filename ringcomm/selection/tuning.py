@@ -25,11 +25,16 @@ FORMAT = 1
 # from a 2-core x86 box, Python executor included; `ringcomm.tune` replaces them with measurements.
 DEFAULT_LINKS = {
     "mpi": (DEFAULT_LINK.alpha, DEFAULT_LINK.beta),
-    "shm": (8e-6, 1 / 6.0e9),        # one copy through shared memory, no MPI matching
+    # shm: a message through the staging pool (descriptor, copy, acknowledgement), plus what a
+    # schedule pays once per call; fitted by `mpirun -n 2 python -m ringcomm.tune` on this 2-core
+    # VM (2026-12-01 02:56 UTC: "alpha as the collectives feel it 28.83 us, plus 85.5 us per call").
+    "shm": (29e-6, 1 / 5.4e9, 85e-6),
     "threads": (20e-6, 1 / 4.0e9),   # in-process mailbox: a copy and a condition variable
     # Shared windows (one-shot rounds): alpha is one flag store and a poll of the peers' flags,
     # no descriptors, no executor; beta a plain copy in and out of the mapped slots.
-    "shm-window": (2e-6, 1 / 8.0e9),
+    # shm-window: beta from the same run's one-shot sweep; alpha per 64 KiB round such that, with
+    # the default gamma, one_shot's predicted 1 MiB time is what that sweep measured (309 us).
+    "shm-window": (6e-6, 1 / 15.5e9),
     "threads-window": (20e-6, 1 / 4.0e9),
 }
 DEFAULT_GAMMAS = {
@@ -92,9 +97,9 @@ class Tuning:
     cma_min: Optional[int] = None   # bytes from which the shm transport reads peers directly (tune measures it)
 
     def link(self, transport: str, dtype: str = "float32") -> Link:
-        alpha, beta = self.links.get(transport) or self.links.get("mpi") or DEFAULT_LINKS["mpi"]
+        alpha, beta, *call = self.links.get(transport) or self.links.get("mpi") or DEFAULT_LINKS["mpi"]
         gamma = self.gammas.get(dtype, self.gammas.get("float32", DEFAULT_LINK.gamma))
-        return Link(alpha, beta, gamma)
+        return Link(alpha, beta, gamma, call[0] if call else 0.0)
 
     def measured_times(self, collective: str, nbytes: int, local_sizes: tuple, routes: tuple,
                        dtype: str = "float32") -> dict:
@@ -115,7 +120,8 @@ class Tuning:
     def to_json(self, **meta) -> dict:
         return {
             "format": FORMAT, **meta,
-            "links": {t: {"alpha": a, "beta": b} for t, (a, b) in self.links.items()},
+            "links": {t: {"alpha": v[0], "beta": v[1], **({"call": v[2]} if len(v) > 2 else {})}
+                      for t, v in self.links.items()},
             "gamma": dict(self.gammas),
             "sweeps": [{"collective": s.collective, "local_sizes": list(s.local_sizes),
                         "routes": list(s.routes), "dtype": s.dtype, "sizes": list(s.sizes),
@@ -148,6 +154,11 @@ class Tuning:
                 raise bad(f'links.{name} must be an object with "alpha" and "beta"')
             links[name] = (positive(entry.get("alpha"), f"links.{name}.alpha"),
                            positive(entry.get("beta"), f"links.{name}.beta"))
+            if "call" in entry:   # zero allowed: a transport with no per-call cost of its own
+                call = entry["call"]
+                if call != 0:
+                    call = positive(call, f"links.{name}.call")
+                links[name] += (float(call),)
         gammas = dict(DEFAULT_GAMMAS)
         raw_gamma = data.get("gamma", {})
         if not isinstance(raw_gamma, dict):
