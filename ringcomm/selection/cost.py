@@ -104,6 +104,16 @@ def crowded(link: Optional[Link], ranks_per_core: float) -> Optional[Link]:
                 link.call * ranks_per_core)
 
 
+def crowded_window(link: Optional[Link], ranks_per_core: float) -> Optional[Link]:
+    """The shared window as oversubscribed ranks see it: every round still waits for every rank
+    to be scheduled (a hand-off), but its per-byte work is not slowed by the share of a core the
+    way a message's is (4 ranks on 2 cores, docs/perf/r2_4ranks_*.json: pricing it like a message
+    link ran recursive doubling at 256 KiB, 1.5x slower than one_shot)."""
+    if link is None or ranks_per_core <= 1:
+        return link
+    return Link(link.alpha + HANDOFF, link.beta, link.gamma, link.call)
+
+
 def as_network(link, size: int) -> Network:
     """A plain Link means one node of ``size`` ranks on that link."""
     if isinstance(link, Network):
