@@ -52,6 +52,8 @@ class _Plan(NamedTuple):
     reduce: Optional[Callable]
     static: int                # the envelope's tag bits but the sequence number
     count: int                 # the envelope's count
+    shape: object = None       # a window algorithm's Shape
+    word: int = 0              # what a window round carries beside its stamp (Collective.window_word)
 
 
 class Communicator:
@@ -87,7 +89,7 @@ class Communicator:
         self.check_finite = env.get("RINGCOMM_CHECK_FINITE")
         self._preflight_on = self.debug == "detail" or self.check_finite
         for collective, forced in self.selector.forced.items():
-            if algorithms.is_window(collective, forced) and transport.window is None:
+            if algorithms.is_window(collective, forced) and not algorithms.get(collective, forced).runs_on(transport.window):
                 raise UsageError(f"RINGCOMM_ALGO forces {collective}={forced}, which needs ranks that "
                                  f"share memory (a transport with a shared window: shm on one node, "
                                  f"or threads); this job's {transport.name} transport has none")
@@ -306,10 +308,11 @@ class Communicator:
         if not isinstance(algorithm, str):
             raise bad_type(name, "algorithm", "a str or None", type(algorithm).__name__)
         chosen = algorithms.get(name, algorithm)
-        if chosen.kind == "window" and self._window_for(call) is None:
+        if chosen.kind == "window" and not chosen.runs_on(self._window_for(call)):
+            why = "offers no window for " + ("this array" if call.device != "cpu" else "this job") \
+                if self._window_for(call) is None else "cannot read peers' memory in place here (CMA is off)"
             raise bad_value(name, "algorithm", f"an algorithm other than {algorithm} (it needs ranks that "
-                            f"share host memory; this {self.transport.name} transport offers no window for "
-                            f"{'this array' if call.device != 'cpu' else 'this job'})", algorithm)
+                            f"share host memory; this {self.transport.name} transport {why})", algorithm)
         if chosen.kind == "schedule" and chosen.even_only and call.collective.is_uneven(call):
             raise bad_value(name, "algorithm", f"an algorithm for uneven counts (not {algorithm}, which needs "
                             f"equal counts on every rank)", algorithm)
@@ -370,12 +373,12 @@ class Communicator:
                     out[...] = inp
                 return
             started = self._entry.started   # the deadline counts from the start of the call
-            red = plan.reduce
-            plan.window.run(self.transport.window, inp, out, red.reduce, red.combine,
-                            window_stamp(seq, plan.static, call.count),
+            plan.window.run(self.transport.window, inp, out, plan.shape, plan.reduce,
+                            window_stamp(seq, plan.static, call.count), plan.word,
                             lambda: executor.WindowGuard(
                                 self.transport, Envelope(seq, call.collective.code, dname, plan.count),
-                                self.timeout, self._what(call, seq, plan.algorithm), started, call.count))
+                                self.timeout, self._what(call, seq, plan.algorithm), started, call.count,
+                                plan.word, call.collective.describe_word))
             return
         if call.device != "cpu" and self.size > 1:
             self._device_route(call, seq, plan.algorithm)
@@ -442,9 +445,11 @@ class Communicator:
         reduce = None if call.op is None else reducer(call.op, call.dtype)
         count = collective.envelope_count(call)
         static = static_bits(collective.code, call.dtype.name if call.dtype else None, count)
-        if algorithms.is_window(name, chosen):
-            return _Plan(chosen, how, algorithms.get(name, chosen), call.count > 0, reduce, static, count)
         seg = max(1, DEFAULT_SEGMENT_BYTES // (call.dtype.itemsize if call.dtype else 1))
+        if algorithms.is_window(name, chosen):
+            window, shape = algorithms.get(name, chosen), call.shape(self.size, seg)
+            return _Plan(chosen, how, window, window.has_work(shape), reduce, static, count, shape,
+                         collective.window_word(call))
         program = algorithms.plan(name, chosen, self.rank, call.shape(self.size, seg, nodes),
                                   collective.confirms(call))
         return _Plan(chosen, how, None, program, reduce, static, count)

@@ -48,13 +48,13 @@ def _guard(buf):
 
 class WindowRound:
     """One in-place window all-reduce of a fixed buffer, run inline with nothing but the round."""
-    __slots__ = ("comm", "buf", "valid", "flat", "algorithm", "name", "reduce", "combine", "static", "count",
+    __slots__ = ("comm", "buf", "valid", "flat", "algorithm", "name", "reducer", "shape", "static", "count",
                  "avg", "dname", "code")
 
     def __init__(self, comm, call, plan):
         self.comm, self.buf, self.valid = comm, call.inp, _guard(call.inp)
         self.flat, self.algorithm, self.name = call.inp.flat, plan.window, plan.algorithm
-        self.reduce, self.combine = plan.reduce.reduce, plan.reduce.combine
+        self.reducer, self.shape = plan.reduce, plan.shape
         self.static, self.count, self.code = plan.static, call.count, call.collective.code
         self.avg = call.op is ReduceOp.AVG
         self.dname = call.dtype.name
@@ -76,8 +76,8 @@ class WindowRound:
             with engine.exec:
                 comm._entry = entry
                 entry.state, entry.started, entry.algorithm = "running", time.monotonic(), self.name
-                self.algorithm.run(comm.transport.window, self.flat, self.flat, self.reduce, self.combine,
-                                   self.count << STAMP_COUNT_SHIFT | (seq % SEQ_MOD) << 19 | self.static,
+                self.algorithm.run(comm.transport.window, self.flat, self.flat, self.shape, self.reducer,
+                                   self.count << STAMP_COUNT_SHIFT | (seq % SEQ_MOD) << 19 | self.static, 0,
                                    self._trouble)
                 if self.avg:
                     finish_avg(self.flat, self.buf.dtype, comm.size)

@@ -12,12 +12,12 @@ import threading
 import numpy as np
 import pytest
 
-from ringcomm import Communicator, MismatchError, PeerAbortedError, UsageError, algorithms
+from ringcomm import CommTimeoutError, Communicator, MismatchError, PeerAbortedError, UsageError, algorithms
 from ringcomm.selection.cost import DEFAULT_LINK, Network
 from ringcomm.selection.selector import Selector
 from ringcomm.testing import run_threads
 from ringcomm.transport.threads import ThreadsTransport, ThreadsWorld
-from ringcomm.transport.window import CAPACITY, Window, region_bytes
+from ringcomm.transport.window import CAPACITY, JOB_CAPACITY, Window, region_bytes
 
 
 def outcomes(size, fn, timeout=10):
@@ -41,7 +41,7 @@ def outcomes(size, fn, timeout=10):
 @pytest.mark.parametrize("size", [2, 3, 5])
 def test_many_pieces_and_many_rounds_stay_exact_and_identical(size):
     # 3.5 windows' worth of float64, twenty times: every slot is reused many times over.
-    count = (7 * CAPACITY // 2) // 8
+    count = (7 * JOB_CAPACITY // 2) // 8   # the job's window
 
     def fn(comm):
         rng = np.random.default_rng(comm.rank)
@@ -132,3 +132,117 @@ def test_one_shot_cost_counts_every_peer_read():
     bandwidth = {n: one_shot.cost(s, net[n]) - DEFAULT_LINK.alpha for n in (2, 8)}
     assert bandwidth[8] == pytest.approx(bandwidth[2] * (s * DEFAULT_LINK.beta + 7 * s * (DEFAULT_LINK.beta + DEFAULT_LINK.gamma))
                                          / (s * DEFAULT_LINK.beta + s * (DEFAULT_LINK.beta + DEFAULT_LINK.gamma)))
+
+
+# ---- the window algorithms of the other collectives: what their grids cannot show ------------
+
+def test_ranks_that_disagree_on_the_root_of_a_window_broadcast_all_raise_instead_of_copying():
+    # Equal counts, equal dtype: only the root differs, which the stamp does not hold; the shape
+    # word does. Without it rank 1 would copy rank 2's bytes and return normally.
+    def fn(comm):
+        x = np.full(10, float(comm.rank))
+        comm.broadcast(x, root=2 if comm.rank == 1 else 0, algorithm="one_shot")
+        return x
+    out = outcomes(3, fn)
+    assert all(isinstance(e, MismatchError) for e in out), out
+    assert any("differs in root: expected 0, received 2" in str(e) for e in out), out
+
+
+@pytest.mark.parametrize("collective", ["all_gather", "reduce_scatter"])
+def test_uneven_counts_with_the_same_total_but_another_split_raise_on_every_rank(collective):
+    def fn(comm):
+        counts = [1, 2, 3] if comm.rank != 2 else [2, 2, 2]
+        whole, mine = np.ones(6, np.float32), np.ones(counts[comm.rank], np.float32)
+        if collective == "all_gather":
+            comm.all_gather(whole, mine, counts=counts, algorithm="one_shot")
+        else:
+            comm.reduce_scatter(mine, whole, counts=counts, algorithm="one_shot")
+    out = outcomes(3, fn)
+    assert all(isinstance(e, MismatchError) for e in out), out
+    assert any("differs in counts" in str(e) for e in out), out
+
+
+@pytest.mark.parametrize("collective", ["barrier", "broadcast", "all_gather", "reduce_scatter"])
+def test_a_rank_that_never_comes_is_named_by_every_waiting_rank_within_the_timeout(collective):
+    calls = {"barrier": lambda c: c.barrier(algorithm="one_shot"),
+             "broadcast": lambda c: c.broadcast(np.ones(8), algorithm="one_shot"),
+             "all_gather": lambda c: c.all_gather(np.ones(24), np.ones(8), algorithm="one_shot"),
+             "reduce_scatter": lambda c: c.reduce_scatter(np.ones(8), np.ones(24), algorithm="one_shot")}
+
+    def fn(comm):
+        if comm.rank != 2:
+            calls[collective](comm)
+    out = outcomes(3, fn, timeout=0.5)
+    for rank in (0, 1):
+        assert isinstance(out[rank], CommTimeoutError), out
+        assert f"{collective} #0 (one_shot" in str(out[rank]) and "rank 2" in str(out[rank]), out[rank]
+
+
+def test_reduce_scatter_rounds_cover_every_part_even_when_parts_are_longer_than_a_round():
+    # 3 ranks, uneven parts of 0, 1 and 2.5 rounds' worth: every element reduced once, in rank order.
+    per = JOB_CAPACITY // 8 // 3
+    counts = [0, 1, per * 5 // 2]
+
+    def fn(comm):
+        x = np.random.default_rng(comm.rank).standard_normal(sum(counts))
+        out = np.empty(counts[comm.rank])
+        comm.reduce_scatter(out, x, counts=counts, algorithm="one_shot")
+        return x, out
+    got = run_threads(3, fn)
+    whole = got[0][0] + got[1][0] + got[2][0]
+    for r in range(3):
+        lo = sum(counts[:r])
+        assert got[r][1].tobytes() == whole[lo:lo + counts[r]].tobytes()
+
+
+# ---- direct algorithms: addresses through the window, payloads read in place -------------------
+
+def test_direct_needs_a_window_that_reads_peers_and_says_so_before_any_communication():
+    world = ThreadsWorld(2)
+    transport = ThreadsTransport(world, 0)
+    transport.window.reader = None   # as on shm where CMA is off (RINGCOMM_SHM_CMA=0, ptrace refused)
+    comm = Communicator(transport, timeout=1)
+    with pytest.raises(UsageError, match='"algorithm".*direct.*CMA is off'):
+        comm.all_reduce(np.ones(4, np.float32), algorithm="direct")
+    assert "direct" not in algorithms.names("all_reduce", transport)
+    assert "one_shot" in algorithms.names("all_reduce", transport)
+
+
+@pytest.mark.parametrize("collective", ["all_reduce", "broadcast", "all_gather", "reduce_scatter"])
+def test_a_rank_whose_direct_read_fails_makes_every_rank_raise(collective):
+    from ringcomm import CommError
+
+    def fn(comm):
+        if comm.rank == 1:
+            def broken(rank, addr, dst):
+                raise CommError(f"cannot read rank {rank}'s memory (injected)")
+            comm.transport.window.reader = broken
+        x, whole = np.ones(30), np.ones(90)
+        {"all_reduce": lambda: comm.all_reduce(x, algorithm="direct"),
+         "broadcast": lambda: comm.broadcast(x, algorithm="direct"),
+         "all_gather": lambda: comm.all_gather(whole, x, algorithm="direct"),
+         "reduce_scatter": lambda: comm.reduce_scatter(x, whole, algorithm="direct")}[collective]()
+    out = outcomes(3, fn, timeout=5)
+    assert isinstance(out[1], CommError) and "injected" in str(out[1]), out
+    for rank in (0, 2):   # told by rank 1's poison and notice, long before the 5 s deadline
+        assert isinstance(out[rank], (PeerAbortedError, MismatchError)), out
+        assert "injected" in str(out[rank]) or "gave up" in str(out[rank]), out[rank]
+
+
+def test_direct_all_reduce_in_place_on_ranks_past_the_first_two_reduces_its_own_part_in_rank_order():
+    # In place, rank r >= 2 must keep its own part before x0 OP x1 overwrites it: parts of several
+    # chunks, every rank's part, bit for bit against a rank-order reduction.
+    from ringcomm.algorithms._direct import CHUNK_BYTES
+    size, count = 4, 4 * (CHUNK_BYTES // 8 * 2 + 5)
+
+    def fn(comm):
+        x = np.random.default_rng(comm.rank).standard_normal(count)
+        mine = x.copy()
+        comm.all_reduce(x, algorithm="direct")
+        return mine, x
+    got = run_threads(size, fn)
+    expected = got[0][0] + got[1][0]
+    for r in range(2, size):
+        expected += got[r][0]
+    for r in range(size):
+        assert got[r][1].tobytes() == expected.tobytes()

@@ -102,8 +102,18 @@ def test_out_of_place_ring_and_pairwise_need_no_copy_of_the_input(collective):
 @pytest.mark.parametrize("name", algorithms.names("all_reduce"))
 def test_every_all_reduce_algorithm_has_a_cost_that_grows_with_size(name):
     algo = algorithms.get("all_reduce", name)
-    net = Network(DEFAULT_LINK, DEFAULT_LINK, (8,), window=DEFAULT_LINK, window_bytes=64 << 10)
+    net = Network(DEFAULT_LINK, DEFAULT_LINK, (8,), window=DEFAULT_LINK, window_bytes=64 << 10, direct=DEFAULT_LINK)
     assert algo.cost(1 << 20, net) > algo.cost(1 << 10, net) > 0
+
+
+def test_direct_algorithms_are_priced_only_where_ranks_can_read_each_other():
+    window = dict(window=DEFAULT_LINK, window_bytes=64 << 10)
+    for collective in ("all_reduce", "broadcast", "all_gather", "reduce_scatter"):
+        direct = algorithms.get(collective, "direct")
+        assert direct.reads_directly and direct.kind == "window"
+        assert math.isinf(direct.cost(1 << 20, Network(DEFAULT_LINK, DEFAULT_LINK, (4,), **window)))
+        assert math.isfinite(direct.cost(1 << 20, Network(DEFAULT_LINK, DEFAULT_LINK, (4,), **window,
+                                                          direct=DEFAULT_LINK)))
 
 
 def test_window_algorithms_are_a_declared_kind_priced_only_where_ranks_share_a_window():

@@ -104,7 +104,7 @@ def test_forcing_globally_and_per_collective():
     ("rign", "unknown algorithm 'rign'"),
     ("all_reduce=bogus", "unknown all_reduce algorithm 'bogus' (expected one of ring, tree"),
     ("allreduce=ring", "unknown collective 'allreduce' (expected one of all_reduce"),
-    ("broadcast=ring", "unknown broadcast algorithm 'ring' (expected one of binomial, pipeline)"),
+    ("broadcast=ring", "unknown broadcast algorithm 'ring' (expected one of binomial, pipeline, one_shot, direct)"),
 ])
 def test_unknown_names_are_a_clear_error_listing_valid_ones(spec, fragment):
     with pytest.raises(UsageError) as info:

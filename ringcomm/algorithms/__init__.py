@@ -17,12 +17,20 @@ from .binomial_gather import BinomialGather
 from .binomial_reduce import BinomialReduce
 from .binomial_scatter import BinomialScatter
 from .bruck_all_to_all import BruckAllToAll
+from .direct_all_gather import DirectAllGather
+from .direct_all_reduce import DirectAllReduce
+from .direct_broadcast import DirectBroadcast
+from .direct_reduce_scatter import DirectReduceScatter
 from .dissemination_barrier import DisseminationBarrier
 from .hierarchical import HierarchicalAllReduce
 from .hierarchical_tree import HierarchicalTreeAllReduce
 from .linear_gather import LinearGather
 from .linear_scatter import LinearScatter
 from .one_shot import OneShot
+from .one_shot_all_gather import OneShotAllGather
+from .one_shot_barrier import OneShotBarrier
+from .one_shot_broadcast import OneShotBroadcast
+from .one_shot_reduce_scatter import OneShotReduceScatter
 from .pairwise_all_to_all import PairwiseAllToAll
 from .pipeline_broadcast import PipelineBroadcast
 from .rabenseifner import Rabenseifner
@@ -35,7 +43,9 @@ from .tree import TreeAllReduce
 _ALL = (RingAllReduce, TreeAllReduce, RecursiveDoubling, Rabenseifner, HierarchicalAllReduce,
         HierarchicalTreeAllReduce, OneShot, BinomialBroadcast, PipelineBroadcast, BinomialReduce,
         RingAllGather, RingReduceScatter, DisseminationBarrier, PairwiseAllToAll, BruckAllToAll,
-        LinearGather, BinomialGather, LinearScatter, BinomialScatter)
+        LinearGather, BinomialGather, LinearScatter, BinomialScatter, OneShotBroadcast, OneShotAllGather,
+        OneShotReduceScatter, OneShotBarrier, DirectAllReduce, DirectBroadcast, DirectAllGather,
+        DirectReduceScatter)
 
 _REGISTRY: dict[str, dict[str, Algorithm]] = {c: {} for c in COLLECTIVES}
 
@@ -60,11 +70,12 @@ def is_window(collective: str, name: str) -> bool:
 
 def names(collective: str, transport=None) -> list[str]:
     """The names ``algorithm=`` accepts for ``collective``; with ``transport`` (e.g.
-    ``comm.transport``), only those that can run on it (window algorithms need its window)."""
+    ``comm.transport``), only those that can run on it (window algorithms need its window, direct
+    ones a window that can read peers' memory)."""
     if collective not in _REGISTRY:
         raise bad_value("algorithms.names", "collective", f"one of {', '.join(COLLECTIVES)}", collective)
     return [name for name, algorithm in _REGISTRY[collective].items()
-            if transport is None or algorithm.kind == "schedule" or getattr(transport, "window", None) is not None]
+            if transport is None or algorithm.kind == "schedule" or algorithm.runs_on(getattr(transport, "window", None))]
 
 
 def get(collective: str, name: str) -> Algorithm:

@@ -10,6 +10,7 @@ them against each other.
 """
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 
 from ..core.schedule import Program, Shape
@@ -42,15 +43,37 @@ class WindowAlgorithm(ABC):
     kind = "window"
     name: str
     collective: str
+    reads_directly = False   # reads peers' buffers in place (window.reader) rather than slots
+
+    def runs_on(self, window) -> bool:
+        """Whether this algorithm can run on ``window`` (a transport's, or None)."""
+        return window is not None and (not self.reads_directly or window.reader is not None)
 
     @abstractmethod
-    def run(self, window, src, dst, reduce, combine, stamp: int, trouble) -> None:
-        """Run one call on ``window``: ``src`` is this rank's input, ``dst`` where the result goes
-        (the same array for an in-place call)."""
+    def run(self, window, src, dst, shape: Shape, reducer, stamp: int, word: int, trouble) -> None:
+        """Run one call on ``window`` (2 or more ranks): ``src`` and ``dst`` are the call's IN
+        and OUT (the same array for an in-place call; None where this rank has none), ``shape``
+        its Shape, ``reducer`` the op's kernels (ops.py) or None, ``stamp`` and ``word`` what
+        every rank's rounds must carry (_rounds.sync), ``trouble()`` the guard for stalls and
+        mismatches."""
 
-    @abstractmethod
+    def has_work(self, shape: Shape) -> bool:
+        """Whether a call of this shape needs a round at all."""
+        return shape.count > 0
+
     def cost(self, nbytes: int, net: Network) -> float:
-        """Predicted seconds; infinite where ``net`` has no window."""
+        """Predicted seconds; infinite where ``net`` has no window (or, for a direct algorithm, no
+        direct reads), or spans several nodes."""
+        if net.window is None or net.window_bytes <= 0 or net.nodes > 1 or \
+                (self.reads_directly and net.direct is None):
+            return math.inf
+        if net.size == 1 or nbytes == 0:
+            return 0.0
+        return self.seconds(nbytes, net)
+
+    @abstractmethod
+    def seconds(self, nbytes: int, net: Network) -> float:
+        """Predicted seconds of a call of ``nbytes`` (> 0) on 2 or more ranks that can run it."""
 
     def __repr__(self) -> str:
         return f"<{self.collective} algorithm {self.name!r} ({self.kind})>"

@@ -17,51 +17,30 @@ reads outweigh those round trips, which the cost model finds.
 from __future__ import annotations
 
 import math
-from typing import Callable
-
-import numpy as np
-
 from ..selection.cost import Network
+from ._rounds import pieces_of, sync
 from .base import WindowAlgorithm
-
-STALL_CHECK = 0.05   # seconds a round may wait before the stall is diagnosed (and every so often after)
 
 
 class OneShot(WindowAlgorithm):
     name = "one_shot"
     collective = "all_reduce"
 
-    def cost(self, nbytes, net: Network) -> float:
-        window, capacity = net.window, net.window_bytes
-        if window is None or capacity <= 0 or net.nodes > 1:
-            return math.inf
-        size = net.size
-        if size == 1 or nbytes == 0:
-            return 0.0
-        pieces = math.ceil(nbytes / capacity)
-        return pieces * window.alpha + nbytes * window.beta + (size - 1) * nbytes * (window.beta + net.gamma)
+    def seconds(self, nbytes, net: Network) -> float:
+        window = net.window
+        pieces = math.ceil(nbytes / net.window_bytes)
+        return pieces * window.alpha + nbytes * window.beta + (net.size - 1) * nbytes * (window.beta + net.gamma)
 
-    def run(self, window, src: np.ndarray, dst: np.ndarray, reduce, combine, stamp: int,
-            trouble: Callable) -> None:
-        """All-reduce ``src`` (non-empty, on 2 or more ranks) into ``dst`` (``src`` itself for an
-        in-place call). ``reduce(dst, src)`` and ``combine(out, a, b)`` are the op's kernels
-        (ops.py); ``trouble()`` returns the guard that explains a stalled round
-        (``stalled(peer, piece, pieces)``, raising at the deadline) or a peer in another
-        collective (``mismatch(peer, stamp)``, which raises)."""
+    def run(self, window, src, dst, shape, reducer, stamp, word, trouble) -> None:
+        """All-reduce ``src`` (non-empty) into ``dst`` (``src`` itself for an in-place call)."""
         n, per = window.size, window.capacity // src.itemsize
-        pieces = -(-src.size // per)
+        pieces = pieces_of(src.size, per)
+        reduce, combine = reducer.reduce, reducer.combine
         for i in range(pieces):
             piece = src if pieces == 1 else src[i * per:(i + 1) * per]
-            k, slots = window.post(piece, stamp)
-            if window.lagging(k) is not None and window.wait(k, STALL_CHECK) is not None:
-                guard = trouble()   # slow path: from here on, explain the stall or time out
-                peer = window.lagging(k)
-                while peer is not None:
-                    guard.stalled(peer, i, pieces)
-                    peer = window.wait(k, STALL_CHECK)
-            odd = window.odd_stamp(k, stamp)
-            if odd is not None:
-                trouble().mismatch(odd, window.stamp(odd, k))
+            slots = window.views(window.round + 1, piece.dtype, piece.size)
+            slots[window.rank][...] = piece
+            sync(window, stamp, word, trouble, i, pieces)
             out = dst if pieces == 1 else dst[i * per:(i + 1) * per]
             combine(out, slots[0], slots[1])   # rank order: x0 OP x1 OP x2 ...
             for r in range(2, n):

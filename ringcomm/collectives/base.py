@@ -97,6 +97,21 @@ class Collective:
     def is_uneven(self, call: Call) -> bool:
         return call.counts is not None and len(set(call.counts)) > 1
 
+    def window_word(self, call: Call) -> int:
+        """What a window round carries beside its stamp (tag and exact count), so that ranks that
+        disagree on what the count does not show raise: the root, or how uneven counts split
+        the vector (ranks that agree on the total but not the split would read the wrong bytes)."""
+        if self.rooted:
+            return call.root
+        if self.is_uneven(call):
+            return hash(call.counts) & ((1 << 62) - 1)   # ints hash alike in every process
+        return 0
+
+    def describe_word(self, mine: int, theirs: int) -> str:
+        if self.rooted:
+            return f"root: expected {mine}, received {theirs}"
+        return "counts: the ranks passed different per-rank counts"
+
     def before(self, call: Call, rank: int, size: int) -> None:
         """Local work before any communication: premul_sum and the half-precision avg scale the
         input (ops.prescale_factor), in place where the input becomes the result anyway, else into

@@ -262,15 +262,16 @@ class WindowGuard:
     carries another collective's stamp is a mismatch. The deadline counts from ``started``."""
 
     def __init__(self, transport: Transport, envelope: Envelope, timeout: Optional[float], what: str,
-                 started: float, count: int):
+                 started: float, count: int, word: int = 0, describe_word=None):
         self.watch = _Watch(transport, envelope, timeout, what, started)
         self.envelope, self.what, self.rank, self.count = envelope, what, transport.rank, count
+        self.word, self.describe_word = word, describe_word   # the round's shape word and how to explain a difference
 
     def stalled(self, peer: int, piece: int, pieces: int) -> None:
         self.watch.stalled(Recv(peer, 0, self.count), piece, pieces)
 
-    def mismatch(self, peer: int, stamp: int) -> None:
-        """``stamp`` is the peer's window stamp (envelope.window_stamp)."""
+    def mismatch(self, peer: int, stamp: int, word: int = 0) -> None:
+        """``stamp`` and ``word`` are the peer's window stamp (envelope.window_stamp) and shape word."""
         if stamp == POISON:   # the peer gave up: its abort notice (sent before the poison) says why
             transport = self.watch.transport
             notice, until = None, time.monotonic() + NOTICE_GRACE
@@ -284,4 +285,6 @@ class WindowGuard:
         reason = self.envelope.describe_mismatch(tag, peer)
         if reason is None and count != self.count:
             reason = f"rank {peer} differs in count: expected {self.count}, received {count}"
+        if reason is None and word != self.word and self.describe_word is not None:
+            reason = f"rank {peer} differs in {self.describe_word(self.word, word)}"
         raise MismatchError(f"{self.what} on rank {self.rank}: {reason or f'rank {peer} posted stamp {stamp:#x}'}")

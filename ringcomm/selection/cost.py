@@ -12,7 +12,8 @@ which is the inter-node one as soon as there are two nodes. Topology-aware algor
 (hierarchical) read ``intra``, ``inter`` and ``local_sizes`` and price each phase on its own link.
 Where every rank shares memory with every other, the transport may also offer a window (a
 mailbox per rank that all read in place); ``window`` prices one round of it for the one-shot
-algorithm, which is impossible (infinitely expensive) without one.
+algorithms, which are impossible (infinitely expensive) without one. Where ranks can also read
+each other's memory (CMA), ``direct`` prices one such read: alpha per read, beta per byte.
 """
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ class Network:
     nics: int = 0        # network cards per node that ranks share; 0: each rank has its own path
     window: Optional[Link] = None   # a shared window among all ranks (one node), if the transport has one
     window_bytes: int = 0           # its capacity per rank and round
+    direct: Optional[Link] = None   # reading peers' memory in place through that window (CMA), if possible
     crowding: float = 1.0           # ranks per core on the busiest host (> 1: oversubscribed); see crowded()
 
     @property

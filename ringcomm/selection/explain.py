@@ -13,7 +13,7 @@ import sys
 
 from .. import algorithms
 from ..errors import UsageError
-from ..transport.window import CAPACITY
+from ..transport.window import JOB_CAPACITY
 from .selector import Selector, describe
 from .tuning import parse_size
 
@@ -33,6 +33,8 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--intra", default="mpi", help="transport inside a node: mpi, shm, threads (default mpi)")
     parser.add_argument("--inter", default="mpi", help="transport between nodes (default mpi)")
+    parser.add_argument("--no-direct", action="store_true",
+                        help="ranks cannot read each other's memory in place (CMA off): no direct algorithms")
     parser.add_argument("--window", default=None,
                         help="shared-window bytes per rank (default: ringcomm's window when --intra is "
                              "shm or threads and all ranks share a node, else 0: none)")
@@ -49,7 +51,7 @@ def main(argv=None) -> int:
         if args.window is not None:
             window = parse_size(args.window)
         else:
-            window = CAPACITY if args.intra in ("shm", "threads") and per_node >= args.ranks else 0
+            window = JOB_CAPACITY if args.intra in ("shm", "threads") and per_node >= args.ranks else 0
         if args.cores is not None and args.cores < 1:
             raise UsageError(f"--cores must be >= 1, got {args.cores}")
         selector = Selector.from_env()
@@ -57,7 +59,7 @@ def main(argv=None) -> int:
             selector.set_host(per_node, args.cores)
         choice = selector.explain(args.collective, nbytes, args.ranks, dtype=args.dtype,
                                   nodes=node_map(args.ranks, per_node), routes=(args.intra, args.inter),
-                                  window_bytes=window)
+                                  window_bytes=window, direct=window > 0 and not args.no_direct)
     except UsageError as err:
         print(f"ringcomm.explain: {err}", file=sys.stderr)
         return 2

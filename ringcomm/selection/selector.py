@@ -185,10 +185,11 @@ class Selector:
         return cls(forced=parse_forced(env.raw("RINGCOMM_ALGO")), tuning=load_tuning())
 
     def network(self, size: int, nodes=None, dtype: str = "float32", routes=("mpi", "mpi"),
-                window_bytes: int = 0) -> Network:
+                window_bytes: int = 0, direct: bool = False) -> Network:
         """The links of a job; ``window_bytes`` > 0 when its transport offers a shared window
-        (priced by the tuning's "<intra>-window" link)."""
-        key = (size, nodes, dtype, routes, window_bytes)
+        (priced by the tuning's "<intra>-window" link), ``direct`` when that window can also read
+        peers' memory in place (the "<intra>-direct" link)."""
+        key = (size, nodes, dtype, routes, window_bytes, direct)
         net = self._networks.get(key)
         if net is None:
             if self.link is not None:
@@ -196,15 +197,16 @@ class Selector:
             else:
                 intra, inter = (self.tuning.link(r, dtype) for r in routes)
             window = self.tuning.link(f"{routes[0]}-window", dtype) if window_bytes else None
+            reads = self.tuning.link(f"{routes[0]}-direct", dtype) if window_bytes and direct else None
             c = self.ranks_per_core
             net = self._networks[key] = Network(crowded(intra, c), crowded(inter, c), local_sizes(nodes, size),
                                                 window=crowded_window(window, c), window_bytes=window_bytes,
-                                                crowding=c)
+                                                direct=crowded(reads, c), crowding=c)
         return net
 
     def explain(self, collective: str, nbytes: int, size: int, *, dtype: str = "float32", nodes=None,
-                routes=("mpi", "mpi"), window_bytes: int = 0) -> Choice:
-        net = self.network(size, nodes, dtype, routes, window_bytes)
+                routes=("mpi", "mpi"), window_bytes: int = 0, direct: bool = False) -> Choice:
+        net = self.network(size, nodes, dtype, routes, window_bytes, direct)
         predicted = dict(predict(collective, nbytes, net))
         measured = self.tuning.measured_times(collective, nbytes, net.local_sizes, routes, dtype)
         choice = Choice(collective, nbytes, size, "", predicted, "", measured, net)
@@ -215,18 +217,19 @@ class Selector:
         return choice
 
     def _shape_of(self, transport, nodes) -> tuple:
-        """(routes, window bytes) of a transport: routes_of and its window, remembered per
-        (transport, node map) since routes_of walks every peer."""
+        """(routes, window bytes, direct reads) of a transport: routes_of and its window,
+        remembered per (transport, node map) since routes_of walks every peer."""
         if transport is None:
-            return ("mpi", "mpi"), 0
+            return ("mpi", "mpi"), 0, False
         cached = self._routes.get(id(transport))
         if cached is None or cached[0] is not transport or cached[1] != nodes \
                 or cached[3] != getattr(transport, "link_names", None):
             window = getattr(transport, "window", None)
             cached = self._routes[id(transport)] = (transport, nodes, routes_of(transport, nodes),
                                                     getattr(transport, "link_names", None),
-                                                    0 if window is None else window.capacity)
-        return cached[2], cached[4]
+                                                    0 if window is None else window.capacity,
+                                                    window is not None and window.reader is not None)
+        return cached[2], cached[4], cached[5]
 
     def choose(self, collective: str, nbytes: int, size: int, *, dtype: str = "float32", nodes=None,
                transport=None, window: bool = True, uneven: bool = False) -> str:
@@ -236,14 +239,14 @@ class Selector:
         forced = self.forced.get(collective)
         if forced is not None:
             return forced
-        routes, window_bytes = self._shape_of(transport, nodes)
+        routes, window_bytes, direct = self._shape_of(transport, nodes)
         window_bytes = window_bytes if window else 0
-        key = (collective, nbytes, size, dtype, nodes, routes, window_bytes, uneven)
+        key = (collective, nbytes, size, dtype, nodes, routes, window_bytes, direct, uneven)
         name = self._memo.get(key)
         if name is None:
             if len(self._memo) >= MEMO_LIMIT:
                 self._memo.clear()
-            net = self.network(size, nodes, dtype, routes, window_bytes)
+            net = self.network(size, nodes, dtype, routes, window_bytes, direct)
             measured = self.tuning.measured_times(collective, nbytes, net.local_sizes, routes, dtype)
             name = self._memo[key] = decide(dict(predict(collective, nbytes, net, uneven)), measured)[0]
         return name
@@ -266,6 +269,11 @@ def describe(choice: Choice) -> str:
                          f"{1 / net.window.beta / 1e9:.2f} GB/s, {net.window_bytes >> 10} KiB per rank and round")
         else:
             lines.append("  shared window: none (one_shot cannot run)")
+        if net.direct is not None:
+            lines.append(f"  direct reads of peers' memory: alpha {net.direct.alpha * 1e6:.2f} us per read, "
+                         f"{1 / net.direct.beta / 1e9:.2f} GB/s")
+        elif net.window is not None:
+            lines.append("  direct reads of peers' memory: none (direct cannot run)")
     head = f"  {'algorithm':<20}{'predicted':>14}" + (f"{'measured':>14}" if choice.measured else "")
     lines.append(head)
     for name, seconds in sorted(choice.predicted.items(), key=lambda kv: kv[1]):

@@ -36,6 +36,11 @@ DEFAULT_LINKS = {
     # the default gamma, one_shot's predicted 1 MiB time is what that sweep measured (309 us).
     "shm-window": (6e-6, 1 / 15.5e9),
     "threads-window": (20e-6, 1 / 4.0e9),
+    # Direct reads of a peer's buffer (the direct algorithms): a process_vm_readv system call
+    # (a few us, then ~13 GB/s: 1 MiB in 75-89 us, 2 ranks reading at once, this VM 2026-12-01);
+    # between threads a memmove.
+    "shm-direct": (4e-6, 1 / 13e9),
+    "threads-direct": (2e-6, 1 / 4.0e9),
 }
 DEFAULT_GAMMAS = {
     "float32": DEFAULT_LINK.gamma, "float64": DEFAULT_LINK.gamma, "int32": DEFAULT_LINK.gamma,

@@ -6,6 +6,7 @@ once); receives match per (source, tag) in posting order, like MPI.
 """
 from __future__ import annotations
 
+import ctypes
 import threading
 import time
 from collections import defaultdict, deque
@@ -16,7 +17,7 @@ import numpy as np
 from ..errors import MismatchError, PeerAbortedError
 from .base import DoneRequest, Request, Transport
 from .view import CONTEXT_SHIFT, TransportView
-from .window import Window, region_bytes
+from .window import JOB_CAPACITY, Window, region_bytes
 
 
 class _Recv(Request):
@@ -67,7 +68,7 @@ class ThreadsWorld:
         self.size = size
         self.boxes = [_Mailbox(self) for _ in range(size)]
         self.aborted: Optional[str] = None
-        self.window_regions = [np.zeros(region_bytes(), np.uint8) for _ in range(size)]
+        self.window_regions = [np.zeros(region_bytes(JOB_CAPACITY), np.uint8) for _ in range(size)]
         self._sub_windows: dict = {}
         self._lock = threading.Lock()
 
@@ -84,13 +85,19 @@ class ThreadsWorld:
                 box.cond.notify_all()
 
 
+def read_memory(rank: int, addr: int, dst: np.ndarray) -> None:
+    """A window's direct read between threads: every rank's memory is this process's."""
+    ctypes.memmove(dst.ctypes.data, addr, dst.nbytes)
+
+
 class ThreadsTransport(Transport):
     name = "threads"
 
     def __init__(self, world: ThreadsWorld, rank: int):
         self.world, self.rank, self.size = world, rank, world.size
         # spin=0: a polling thread would only hold the GIL its peers need to post
-        self.window = Window(rank, world.window_regions, aborted=self._aborted_reason, spin=0.0)
+        self.window = Window(rank, world.window_regions, capacity=JOB_CAPACITY, aborted=self._aborted_reason,
+                             spin=0.0, reader=read_memory)
 
     def _aborted_reason(self, peer: int) -> Optional[str]:
         return None if self.world.aborted is None else f"job aborted: {self.world.aborted}"
@@ -149,7 +156,7 @@ class ThreadsTransport(Transport):
             return None
         return TransportView(self, members, context, Window(members.index(self.rank),
                                                              self.world.windows(context, members), spin=0.0,
-                                                             aborted=self._aborted_reason))
+                                                             aborted=self._aborted_reason, reader=read_memory))
 
     def abort(self, reason: BaseException) -> None:
         self.world.abort(f"rank {self.rank}: {reason}")

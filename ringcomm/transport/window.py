@@ -6,11 +6,12 @@ offers one as ``transport.window`` when all its ranks share memory (shm on one n
 
 Rank r owns one uint8 region (in shared memory, or an in-process array), laid out as
 
-    [ROUND int64 | pad to 64 B] [slot 0: STAMP int64 | pad | CAPACITY bytes] [slot 1: same]
+    [ROUND int64 | pad to 64 B] [slot 0: STAMP int64 | WORD int64 | pad | CAPACITY bytes] [slot 1: same]
 
-Round k uses slot k % 2: the owner writes the payload, then STAMP (whatever the algorithm says
-identifies the call: the collective's envelope tag and its exact count, so ranks in different
-collectives notice instead of reading each other's bytes), then ROUND = k. Plain stores become
+Round k uses slot k % 2: the owner writes the payload, then STAMP and WORD (what the algorithm
+says identifies the call: the collective's envelope tag and its exact count, and the part of its
+shape the count does not show, such as a root or uneven counts, so ranks in different calls
+notice instead of reading each other's bytes), then ROUND = k. Plain stores become
 visible in program order on x86 (see shm.py for the argument and the guard on other CPUs). A
 reader waits until every rank's ROUND >= k and then reads the slots.
 
@@ -28,7 +29,8 @@ import numpy as np
 from .polling import SPIN_SHARED, wait_polling
 
 POISON = -1              # the stamp of a rank that gave up (window stamps are never negative)
-CAPACITY = 64 << 10   # payload bytes per rank per round: a few L2 lines' worth per peer
+CAPACITY = 64 << 10       # payload bytes per rank per round of a sub-communicator's window
+JOB_CAPACITY = 512 << 10  # the same for the whole job's window: medium collectives in a few rounds
 LINE = 64
 SPIN_SECONDS = SPIN_SHARED   # a window's default budget; shm passes spin_for(its node)
 
@@ -44,6 +46,10 @@ def region_bytes(capacity: int = CAPACITY) -> int:
 class Window:
     """``regions[r]`` is rank r's region as this process sees it (``region_bytes`` long).
 
+    ``reader(rank, address, dst)``, where the transport offers one, copies ``dst.nbytes`` bytes at
+    ``address`` of that rank's memory into ``dst`` (CMA between processes, a plain copy between
+    threads): the direct algorithms post addresses in their slots instead of payloads.
+
     ``aborted(peer)`` returns why the job or that peer gave up, or None. ``spin`` is how long a
     wait polls before it starts sleeping (polling.py): processes on cores of their own poll for
     a while, threads of one process (which would only hold the GIL their peers need) give the
@@ -52,17 +58,26 @@ class Window:
 
     def __init__(self, rank: int, regions: list, *, capacity: int = CAPACITY,
                  aborted: Callable[[int], Optional[str]] = lambda peer: None,
-                 spin: float = SPIN_SECONDS):
-        self.rank, self.size, self.capacity = rank, len(regions), capacity
+                 spin: float = SPIN_SECONDS, reader: Optional[Callable] = None):
+        self.rank, self.size, self.capacity, self.reader = rank, len(regions), capacity, reader
+        self._scratch = np.empty(0, np.uint8)
         self.round = 0
         self._aborted, self._spin = aborted, spin
         # Flags and stamps through memoryviews: an item access costs a third of numpy's.
         self._flags = [_words(r[:8]) for r in regions]
         self._stamps = [[_words(r[LINE + p * (LINE + capacity):][:8]) for p in (0, 1)] for r in regions]
+        self._shapes = [[_words(r[LINE + p * (LINE + capacity) + 8:][:8]) for p in (0, 1)] for r in regions]
         self._slots = [[r[2 * LINE + p * (LINE + capacity):][:capacity] for p in (0, 1)]
                        for r in regions]
         self._views: dict = {}   # (count, dtype number) -> per parity, every rank's slot as such an array
         self._peers = [r for r in range(self.size) if r != rank]
+
+    def scratch(self, nbytes: int) -> np.ndarray:
+        """A private buffer of at least ``nbytes``, kept between calls (one call runs at a time on
+        a window: its communicator's), so large reads do not fault in fresh pages every call."""
+        if self._scratch.nbytes < nbytes:
+            self._scratch = np.empty(nbytes, np.uint8)
+        return self._scratch
 
     def views(self, k: int, dtype, count: int) -> list:
         """Every rank's slot of round ``k`` as an array of ``count`` x ``dtype``, in rank order."""
@@ -74,16 +89,25 @@ class Window:
             both = self._views[key] = [[slots[p].view(dtype)[:count] for slots in self._slots] for p in (0, 1)]
         return both[k & 1]
 
-    def post(self, piece: np.ndarray, stamp: int) -> tuple:
+    def post(self, piece: np.ndarray, stamp: int, word: int = 0) -> tuple:
         """Publish ``piece`` (at most ``capacity`` bytes) as this rank's next round:
         (its number, every rank's slot of it as ``views`` gives them)."""
-        k = self.round + 1
-        views = self.views(k, piece.dtype, piece.size)
+        views = self.views(self.round + 1, piece.dtype, piece.size)
         views[self.rank][...] = piece
+        return self.publish(stamp, word), views
+
+    def next_slot(self, dtype, count: int) -> np.ndarray:
+        """This rank's slot of its next round, to fill before ``publish`` posts it."""
+        return self.views(self.round + 1, dtype, count)[self.rank]
+
+    def publish(self, stamp: int, word: int = 0) -> int:
+        """Post this rank's next round (its slot as filled, if at all); returns its number."""
+        k = self.round + 1
         self._stamps[self.rank][k & 1][0] = stamp
-        self._flags[self.rank][0] = k   # last: a peer that sees k sees the payload and stamp
+        self._shapes[self.rank][k & 1][0] = word
+        self._flags[self.rank][0] = k   # last: a peer that sees k sees the payload, stamp and word
         self.round = k
-        return k, views
+        return k
 
     def poison(self) -> None:
         """This rank gave up: post its next round stamped POISON, so that a peer waiting for a round
@@ -97,11 +121,14 @@ class Window:
     def stamp(self, rank: int, k: int) -> int:
         return self._stamps[rank][k & 1][0]
 
-    def odd_stamp(self, k: int, stamp: int) -> Optional[int]:
-        """The first peer whose round-``k`` slot carries another stamp than ``stamp``, or None."""
+    def word(self, rank: int, k: int) -> int:
+        return self._shapes[rank][k & 1][0]
+
+    def odd_stamp(self, k: int, stamp: int, word: int = 0) -> Optional[int]:
+        """The first peer whose round-``k`` slot carries another stamp or word, or None."""
         p = k & 1
         for peer in self._peers:
-            if self._stamps[peer][p][0] != stamp:
+            if self._stamps[peer][p][0] != stamp or self._shapes[peer][p][0] != word:
                 return peer
         return None
 

@@ -198,26 +198,26 @@ def every_algorithm(c, big):
             c.all_reduce(Case(count, "float32", "sum", "numpy"), algorithm=name, out_of_place=bool(count % 2))
         c.all_reduce(Case(1009, "bfloat16", "avg", "torch"), algorithm=name)
         c.all_reduce(Case(97, "int64", "bxor", "torch"), algorithm=name)
-    for name in algorithms.names("broadcast"):
+    for name in algorithms.names("broadcast", c.comm.transport):
         for count in (0, 1, 97, big):
             c.broadcast(Case(count, "float32", "sum", "numpy"), root=size - 1, algorithm=name)
-    for name in algorithms.names("reduce"):
+    for name in algorithms.names("reduce", c.comm.transport):
         for count in (0, 1, 97, big):
             c.reduce(Case(count, "float64", "sum", "numpy"), root=size // 2, algorithm=name, out_of_place=True)
-    for name in algorithms.names("all_gather"):
+    for name in algorithms.names("all_gather", c.comm.transport):
         for count in (0, 1, 97, big // size):
             c.all_gather(Case(count, "float16", "sum", "numpy"), algorithm=name)
-    for name in algorithms.names("reduce_scatter"):
+    for name in algorithms.names("reduce_scatter", c.comm.transport):
         for count in (0, 1, 97, big // size):
             c.reduce_scatter(Case(count, "float32", "sum", "numpy"), algorithm=name)
-    for name in algorithms.names("all_to_all"):
+    for name in algorithms.names("all_to_all", c.comm.transport):
         for count in (0, 1, 97, big // size):
             c.all_to_all(Case(count, "int32", "sum", "numpy"), algorithm=name)
     for collective in ("gather", "scatter"):
-        for name in algorithms.names(collective):
+        for name in algorithms.names(collective, c.comm.transport):
             for count in (0, 1, 97, big // size):
                 getattr(c, collective)(Case(count, "float32", "sum", "numpy"), root=size - 1, algorithm=name)
-    for name in algorithms.names("barrier"):
+    for name in algorithms.names("barrier", c.comm.transport):
         c.comm.barrier(algorithm=name)
 
 

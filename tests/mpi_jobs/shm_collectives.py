@@ -70,7 +70,7 @@ for count in COUNTS:
                 close(x, want, dtype, what)
                 same_everywhere(x, what)
                 checked += 1
-        for algorithm in ringcomm.algorithms.names("broadcast"):
+        for algorithm in ringcomm.algorithms.names("broadcast", comm.transport):
             root = (count + 1) % size
             x = all_in[rank].copy()
             comm.broadcast(x, root=root, algorithm=algorithm)

@@ -18,7 +18,7 @@ from ringcomm.topology import discover
 from ringcomm.transport import factory
 from ringcomm.transport.shm import WINDOW_SLOTS, ShmTransport
 from ringcomm.transport.shm.rings import CMA, SLOTS, VIA_MPI
-from ringcomm.transport.window import region_bytes
+from ringcomm.transport.window import CAPACITY, JOB_CAPACITY, region_bytes
 
 world = MPI.COMM_WORLD.Dup()
 routed = factory.build(world, discover(world), 60.0)
@@ -151,10 +151,10 @@ for th in threads:
     th.join()
 assert not errors, errors
 
-# 7. Window regions: WINDOW_SLOTS per rank, each region_bytes long, distinct, shared.
+# 7. Window regions: WINDOW_SLOTS per rank (slot 0 the job's, larger), distinct, shared.
 for slot in range(WINDOW_SLOTS):
     regions = t.window_regions(slot)
-    assert len(regions) == t.n and all(r.nbytes == region_bytes() for r in regions)
+    assert len(regions) == t.n and all(r.nbytes == region_bytes(JOB_CAPACITY if slot == 0 else CAPACITY) for r in regions)
     regions[t.me][100] = 1 + slot
 world.Barrier()
 for slot in range(WINDOW_SLOTS):

@@ -48,7 +48,7 @@ from ...diagnostics import faults
 from ...errors import CommError, MismatchError, PeerAbortedError, UsageError
 from ..base import Request, Transport
 from ..polling import spin_for, wait_polling
-from ..window import Window, region_bytes
+from ..window import CAPACITY, JOB_CAPACITY, Window, region_bytes
 from . import cma, segments, staging
 from .node import Node
 from .rings import CMA, EMPTY, RING_BYTES, VIA_MPI, Incoming, Outgoing, check_ordering, ring_view
@@ -69,9 +69,13 @@ class Layout:
 
     def __init__(self, n: int):
         self.rings = HEADER_BYTES                        # ring to node rank d at rings + d * RING_BYTES
-        self.windows = self.rings + n * RING_BYTES
-        self.window_stride = align(region_bytes())
-        self.pool = -(-(self.windows + WINDOW_SLOTS * self.window_stride) // PAGE) * PAGE
+        # window slot 0 (the job's) holds JOB_CAPACITY per round, the sub-communicators' CAPACITY
+        self.capacities = [JOB_CAPACITY] + [CAPACITY] * (WINDOW_SLOTS - 1)
+        self.window_at, at = [], self.rings + n * RING_BYTES
+        for capacity in self.capacities:
+            self.window_at.append(at)
+            at += align(region_bytes(capacity))
+        self.pool = -(-at // PAGE) * PAGE
 
     def bytes(self, pool_bytes: int) -> int:
         return self.pool + pool_bytes
@@ -139,11 +143,11 @@ class _FaultWindow(Window):
         super().__init__(*args, **kwargs)
         self._fire = fire
 
-    def post(self, piece, stamp):
-        posted = super().post(piece, stamp)
-        if self.round == 2:
+    def publish(self, stamp, word=0):
+        k = super().publish(stamp, word)
+        if k == 2:
             self._fire("one_shot")
-        return posted
+        return k
 
 
 class ShmTransport(Transport):
@@ -272,8 +276,8 @@ class ShmTransport(Transport):
             self._peers[(p, ctrl.seg_id)] = views[p]   # its staging pool is read there
             self._out[p] = Outgoing(ring_view(ctrl.data[rings + p * RING_BYTES:]))
             self._in[p] = Incoming(ring_view(views[p][rings + self.me * RING_BYTES:]))
-        self._windows = [[v[layout.windows + s * layout.window_stride:][:region_bytes()] for v in views]
-                         for s in range(WINDOW_SLOTS)]
+        self._windows = [[v[at:][:region_bytes(capacity)] for v in views]
+                         for at, capacity in zip(layout.window_at, layout.capacities)]
         self.node.mark = lambda count: self.header.__setitem__(HANDSHAKES, count)
         self.node.progress = lambda i: int(self.peer_header[i][HANDSHAKES])
         self.header[HANDSHAKES] = self.node.count
@@ -291,8 +295,17 @@ class ShmTransport(Transport):
                              f'{WINDOW_SLOTS - 1}, got {slot!r})')
         return self._windows[slot]
 
+    def _window_reader(self, node_ranks: list):
+        """What a window's direct algorithms read peers with (window rank -> node rank), or None
+        where this node cannot read by CMA."""
+        if not self._direct:
+            return None
+        pull = self._reader.pull
+        return lambda r, addr, dst: pull(node_ranks[r], addr, dst)
+
     def _make_window(self, regions: list):
-        kwargs = dict(aborted=self.aborted_reason, spin=spin_for(self.n))
+        kwargs = dict(aborted=self.aborted_reason, spin=spin_for(self.n), capacity=JOB_CAPACITY,
+                      reader=self._window_reader(list(range(self.n))))
         if self._fault is not None and self._fault.phase == "one_shot":
             return _FaultWindow(self.me, regions, fire=self._fire, **kwargs)
         return Window(self.me, regions, **kwargs)
@@ -811,7 +824,8 @@ class ShmTransport(Transport):
         regions = self.window_regions(slot)
         node_ranks = [self.local[m] for m in members]
         return Window(members.index(self.rank), [regions[r] for r in node_ranks],
-                      aborted=lambda peer: self.aborted_reason(node_ranks[peer]), spin=spin_for(self.n))
+                      aborted=lambda peer: self.aborted_reason(node_ranks[peer]), spin=spin_for(self.n),
+                      reader=self._window_reader(node_ranks))
 
 
 def _reduce(req: _Recv, dst, msg, start: int) -> None:

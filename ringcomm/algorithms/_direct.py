@@ -1,0 +1,59 @@
+"""What the direct algorithms share: trading buffer addresses through the window, and reducing
+one part of the vector out of every rank's buffer in rank order.
+
+A direct algorithm moves no payload through the window: each rank posts where its buffers are,
+and every rank reads what it needs straight out of its peers' buffers (window.reader: CMA between
+processes, a copy between threads). One copy per byte instead of two (into a slot, out of it).
+The rounds that follow are what make this safe: a rank leaves the call, and its buffers may
+change, only after every rank has posted the round that says its reads are done.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..core.buffers import address
+from ..selection.cost import Network
+from ._rounds import sync
+
+ADDRESS = np.dtype(np.int64)
+CHUNK_BYTES = 512 << 10   # read and reduced a chunk at a time, so the chunk is still in cache
+
+
+def exchange(window, stamp: int, word: int, trouble, arrays: tuple, rounds: int) -> list:
+    """Round 1 of ``rounds``: post the addresses of ``arrays`` and return every rank's, in rank
+    order (a tuple of ints per rank), once every rank has posted them."""
+    window.next_slot(ADDRESS, len(arrays))[...] = [address(a) for a in arrays]
+    k = sync(window, stamp, word, trouble, 0, rounds)
+    return [tuple(v.tolist()) for v in window.views(k, ADDRESS, len(arrays))]
+
+
+def reduce_part(window, reducer, bases: list, own, out, first: int, own_is_out: bool) -> None:
+    """out = x0 OP x1 OP ... OP x(n-1) over elements [first, first + out.size) of every rank's
+    vector, in rank order: this rank's x is ``own`` (the same memory as ``out`` when
+    ``own_is_out``), every other rank's lies at ``bases[r]`` in its memory."""
+    n, me, dtype, item = len(bases), window.rank, out.dtype, out.itemsize
+    per = max(1, CHUNK_BYTES // item)
+    scratch = window.scratch(3 * per * item)
+    bufs = [scratch[i * per * item:(i + 1) * per * item].view(dtype) for i in range(3)]
+    reduce, combine, read = reducer.reduce, reducer.combine, window.reader
+    for lo in range(0, out.size, per):
+        m = min(per, out.size - lo)
+        o, mine = out[lo:lo + m], own[lo:lo + m]
+        if own_is_out and me >= 2:   # o is overwritten by x0 OP x1 before this rank's turn
+            mine = bufs[2][:m]
+            mine[...] = o
+
+        def part(r, buf):
+            if r == me:
+                return mine
+            read(r, bases[r] + (first + lo) * item, buf[:m])
+            return buf[:m]
+        combine(o, part(0, bufs[0]), part(1, bufs[1]))
+        for r in range(2, n):
+            reduce(o, part(r, bufs[0]))
+
+
+def reads(nbytes: float, net: Network, parts: int = 1) -> float:
+    """Seconds to read ``nbytes`` from peers in ``parts`` pieces, chunked as reduce_part does."""
+    return (parts + nbytes / CHUNK_BYTES) * net.direct.alpha + nbytes * net.direct.beta
+

@@ -1,0 +1,35 @@
+"""The synchronisation every window algorithm repeats: post a round, wait for every rank's,
+check that they are all in the same call.
+
+A round doubles as the confirmation a rooted schedule needs a barrier for: no rank reads a slot
+before every rank has posted that round, and every posted round carries the call's stamp and
+shape word, so a rank that disagrees (another collective, count, dtype, root or counts) makes
+every rank raise before any byte is read."""
+from __future__ import annotations
+
+from typing import Callable
+
+STALL_CHECK = 0.05   # seconds a round may wait before the stall is diagnosed (and every so often after)
+
+
+def sync(window, stamp: int, word: int, trouble: Callable, piece: int, pieces: int) -> int:
+    """Publish this rank's next round (its slot filled already, or not used) and return its
+    number once every rank has posted it with the same stamp and word. ``trouble()`` builds the
+    guard (executor.WindowGuard) that explains a stall, raising at the deadline, or a mismatch;
+    ``piece`` of ``pieces`` says where in the call a stall happened."""
+    k = window.publish(stamp, word)
+    if window.lagging(k) is not None and window.wait(k, STALL_CHECK) is not None:
+        guard = trouble()   # slow path: from here on, explain the stall or time out
+        peer = window.lagging(k)
+        while peer is not None:
+            guard.stalled(peer, piece, pieces)
+            peer = window.wait(k, STALL_CHECK)
+    odd = window.odd_stamp(k, stamp, word)
+    if odd is not None:
+        trouble().mismatch(odd, window.stamp(odd, k), window.word(odd, k))
+    return k
+
+
+def pieces_of(count: int, per: int) -> int:
+    """Rounds to move ``count`` elements ``per`` at a time (one, even for nothing)."""
+    return max(1, -(-count // per))

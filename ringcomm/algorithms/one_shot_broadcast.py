@@ -1,0 +1,39 @@
+"""One-shot broadcast through a shared window: the root writes, every other rank reads in place.
+
+Each round the root copies a piece of x into its window slot and every rank posts the round;
+once all have posted, the others copy the root's slot into their x. The rounds pipeline: the
+root writes piece i+1 into its other slot while the others still read piece i (it may, since
+they posted round i+1 only after reading round i-1 from that slot). Every round is also a
+barrier that checks every rank's stamp and root, so it needs no confirmation barrier after it.
+
+Bytes per rank: the root writes S, every other rank reads S. Cost: ceil(S/C) alpha_w + 2 S beta_w
+on the window link (the reads of all non-roots run at once, on their own cores).
+"""
+from __future__ import annotations
+
+import math
+
+from ..selection.cost import Network
+from ._rounds import pieces_of, sync
+from .base import WindowAlgorithm
+
+
+class OneShotBroadcast(WindowAlgorithm):
+    name = "one_shot"
+    collective = "broadcast"
+
+    def seconds(self, nbytes, net: Network) -> float:
+        return math.ceil(nbytes / net.window_bytes) * net.window.alpha + 2 * nbytes * net.window.beta
+
+    def run(self, window, src, dst, shape, reducer, stamp, word, trouble) -> None:
+        x, root = dst, shape.root
+        per = window.capacity // x.itemsize
+        pieces = pieces_of(x.size, per)
+        for i in range(pieces):
+            part = x if pieces == 1 else x[i * per:(i + 1) * per]
+            if window.rank == root:
+                window.next_slot(x.dtype, part.size)[...] = part
+                sync(window, stamp, word, trouble, i, pieces)
+            else:
+                k = sync(window, stamp, word, trouble, i, pieces)
+                part[...] = window.views(k, x.dtype, part.size)[root]
