@@ -374,10 +374,10 @@ class Communicator:
                 return
             started = self._entry.started   # the deadline counts from the start of the call
             plan.window.run(self.transport.window, inp, out, plan.shape, plan.reduce,
-                            window_stamp(seq, plan.static, call.count), plan.word,
+                            window_stamp(seq, plan.static, plan.count), plan.word,
                             lambda: executor.WindowGuard(
                                 self.transport, Envelope(seq, call.collective.code, dname, plan.count),
-                                self.timeout, self._what(call, seq, plan.algorithm), started, call.count,
+                                self.timeout, self._what(call, seq, plan.algorithm), started, plan.count,
                                 plan.word, call.collective.describe_word))
             return
         if call.device != "cpu" and self.size > 1:
@@ -420,8 +420,10 @@ class Communicator:
         return f"{call.name} #{seq} ({algorithm}, {call.count} x {call.dtype.name if call.dtype else 'bytes'})"
 
     def _plan_for(self, call: Call, forced: Optional[str]) -> _Plan:
+        # call.uneven: an all_to_all with splits passed plans as uneven even where this rank's
+        # splits equal an even call's (its peers' may not), so it must not reuse that call's plan
         key = (call.collective, forced, call.count, call.counts, call.recv_counts, call.root, call.in_place,
-               call.dtype, call.op, call.device != "cpu")
+               call.dtype, call.op, call.device != "cpu", call.uneven)
         if self._plans_for is not self.selector:   # a new selector (tuning, forcing) decides afresh
             self._plans.clear()
             self._plans_for = self.selector

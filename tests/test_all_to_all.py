@@ -1,11 +1,15 @@
 """all_to_all: block j of every rank's x lands at rank j, in rank order, exactly; even and uneven
 splits (zeros included); x never changes."""
+import threading
+
 import numpy as np
 import pytest
 
 from collective_grid import run
 from grid import SIZES, Case, data_cases, empty, make, raw_bytes, thin, values
-from ringcomm import algorithms, collectives
+from ringcomm import Communicator, MismatchError, PeerAbortedError, algorithms, collectives
+from ringcomm.testing import run_threads
+from ringcomm.transport.threads import ThreadsTransport, ThreadsWorld
 
 REF = collectives.get("all_to_all")
 
@@ -50,3 +54,38 @@ def test_all_to_all(algorithm, size):
         expected = REF.reference(per_rank, in_splits=list(c.extra[1]))
         for r in range(size):
             assert raw_bytes(outs[r]) == raw_bytes(make(c, expected[r])), f"{algorithm} n={size} rank {r} {c}"
+
+
+def test_an_uneven_call_never_reuses_the_plan_of_an_even_call_with_the_same_splits():
+    # Rank 0's splits for the uneven call equal its earlier even call's; rank 1's do not. Reusing
+    # the even call's plan ran Bruck (equal blocks only) on rank 0 and pairwise on rank 1.
+    def fn(comm):
+        comm.transport.window = None   # schedules only: where the two plans differ
+        comm.all_to_all(np.empty(4, np.float32), np.ones(4, np.float32))
+        sends = (2, 2) if comm.rank == 0 else (2, 3)
+        recvs = (2, 2) if comm.rank == 0 else (2, 3)
+        out = np.empty(sum(recvs), np.float32)
+        comm.all_to_all(out, np.full(sum(sends), comm.rank, np.float32), recvs, sends)
+        return out
+    outs = run_threads(2, fn, timeout=5)
+    assert outs[0].tolist() == [0, 0, 1, 1] and outs[1].tolist() == [0, 0, 1, 1, 1]
+
+
+def test_direct_all_to_all_refuses_a_block_of_another_length_on_every_rank():
+    world, got = ThreadsWorld(3), [None] * 3
+
+    def main(rank):
+        comm = Communicator(ThreadsTransport(world, rank), timeout=5)
+        sends = (1, 1, 1)
+        recvs = (1, 2, 1) if rank == 0 else (1, 1, 1)   # rank 0 expects 2 from rank 1, which sends 1
+        try:
+            comm.all_to_all(np.empty(sum(recvs)), np.ones(3), recvs, sends, algorithm="direct")
+        except BaseException as err:   # collected, then asserted on
+            got[rank] = err
+    threads = [threading.Thread(target=main, args=(r,)) for r in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert isinstance(got[0], MismatchError) and "rank 1 sends 1 elements to this rank, which expects 2" in str(got[0])
+    assert all(isinstance(e, (MismatchError, PeerAbortedError)) for e in got[1:]), got

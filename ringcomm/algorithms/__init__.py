@@ -19,8 +19,11 @@ from .binomial_scatter import BinomialScatter
 from .bruck_all_to_all import BruckAllToAll
 from .direct_all_gather import DirectAllGather
 from .direct_all_reduce import DirectAllReduce
+from .direct_all_to_all import DirectAllToAll
 from .direct_broadcast import DirectBroadcast
+from .direct_gather import DirectGather
 from .direct_reduce_scatter import DirectReduceScatter
+from .direct_scatter import DirectScatter
 from .dissemination_barrier import DisseminationBarrier
 from .hierarchical import HierarchicalAllReduce
 from .hierarchical_tree import HierarchicalTreeAllReduce
@@ -45,7 +48,7 @@ _ALL = (RingAllReduce, TreeAllReduce, RecursiveDoubling, Rabenseifner, Hierarchi
         RingAllGather, RingReduceScatter, DisseminationBarrier, PairwiseAllToAll, BruckAllToAll,
         LinearGather, BinomialGather, LinearScatter, BinomialScatter, OneShotBroadcast, OneShotAllGather,
         OneShotReduceScatter, OneShotBarrier, DirectAllReduce, DirectBroadcast, DirectAllGather,
-        DirectReduceScatter)
+        DirectReduceScatter, DirectGather, DirectScatter, DirectAllToAll)
 
 _REGISTRY: dict[str, dict[str, Algorithm]] = {c: {} for c in COLLECTIVES}
 

@@ -44,6 +44,7 @@ class WindowAlgorithm(ABC):
     name: str
     collective: str
     reads_directly = False   # reads peers' buffers in place (window.reader) rather than slots
+    even_only = False        # every window algorithm takes uneven counts
 
     def runs_on(self, window) -> bool:
         """Whether this algorithm can run on ``window`` (a transport's, or None)."""

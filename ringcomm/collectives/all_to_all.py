@@ -52,6 +52,16 @@ class AllToAll(Collective):
         # (each knows only its own row of the split matrix), so every rank picks the same algorithm.
         return call.uneven
 
+    def nbytes(self, call):
+        # The selector must pick the same algorithm on every rank, but the ranks of an uneven call
+        # agree on no size (each knows its own row of the split matrix): it is priced as empty.
+        return 0 if call.uneven else super().nbytes(call)
+
+    def window_word(self, call):
+        # Each rank's splits are its own row of the split matrix and differ by design; a direct
+        # round checks every block's length against what its receiver expects instead.
+        return int(call.uneven)
+
     def envelope_count(self, call):
         # What the ranks agree on: the block of an even call; uneven calls differ per rank, and
         # there the message lengths (checked on every receive) catch disagreements.

@@ -1,0 +1,58 @@
+"""Direct all-to-all: every rank copies the block each peer holds for it straight out of that
+peer's input.
+
+Round 1: each rank posts the address of its x and, per destination, where that destination's
+block starts and how long it is (uneven splits included). Rank r then reads from every peer j
+the block j holds for r (window.reader) into its place in r's output, after checking that j's
+length is the one r expects (a disagreement is a MismatchError, never a short read); its own
+block is a local copy. Round 2 says every read is done. One copy per byte, no staging, every
+pair at once. Cost: 2 alpha_w + (n-1) alpha_d + (n-1)/n S beta_d (S a rank's input).
+"""
+from __future__ import annotations
+
+
+from ..core.buffers import address
+from ..errors import MismatchError
+from ..selection.cost import Network
+from ._direct import ADDRESS, reads
+from ._rounds import sync
+from .base import WindowAlgorithm
+from .pairwise_all_to_all import offsets
+
+
+class DirectAllToAll(WindowAlgorithm):
+    name = "direct"
+    collective = "all_to_all"
+    reads_directly = True
+
+    def seconds(self, nbytes, net: Network) -> float:
+        n = net.size
+        return 2 * net.window.alpha + reads((n - 1) / n * nbytes, net, n - 1)
+
+    def has_work(self, shape) -> bool:
+        return True   # counts differ per rank: a rank with nothing to move still takes part
+
+    def run(self, window, src, dst, shape, reducer, stamp, word, trouble) -> None:
+        n, me, item = window.size, window.rank, dst.itemsize
+        sends, recvs = shape.counts, shape.recv_counts
+        soff, roff = offsets(sends), offsets(recvs)
+        table = window.next_slot(ADDRESS, 1 + 2 * n)
+        table[0] = address(src)
+        table[1::2], table[2::2] = soff, sends
+        k = sync(window, stamp, word, trouble, 0, 2)
+        slots = window.views(k, ADDRESS, 1 + 2 * n)
+        for j in range(n):
+            theirs = int(slots[j][2 + 2 * me])
+            if theirs != recvs[j]:
+                raise MismatchError(f"all_to_all on rank {me}: rank {j} sends {theirs} elements to this rank, "
+                                    f"which expects {recvs[j]} from it (out_splits)")
+            if not theirs:
+                continue
+            block = dst[roff[j]:roff[j] + theirs]
+            if j == me:
+                block[...] = src[soff[me]:soff[me] + theirs]
+            else:
+                window.reader(j, int(slots[j][0]) + int(slots[j][1 + 2 * me]) * item, block)
+        sync(window, stamp, word, trouble, 1, 2)
+
+
