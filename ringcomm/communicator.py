@@ -211,13 +211,14 @@ class Communicator:
         topology = None if nodes is None else Topology.from_names(members.index(self.rank), nodes)
         return type(self)._sub(self, transport, topology, path)
 
-    def _group(self, members, key: str) -> "Communicator":
+    def _group(self, members, key: str, *, agree: bool = True) -> "Communicator":
         """MPI_Comm_create_group: a communicator of ``members`` (ranks of this one, in the new
         communicator's order), made by the members alone: ranks outside it do not call this.
         ``key`` names the group identically on every member (torch's group name); the context id
         that keeps its messages apart derives from it, so members agree without asking anyone.
         Its first collective checks that every member made the same group, and agrees on a
-        shared-window slot for one-shot all-reduces."""
+        shared-window slot for one-shot all-reduces. ``agree=False`` skips that exchange: for a
+        communicator that only carries point-to-point messages (it takes no window slot)."""
         members = _member_list(members, self.size, self.rank)
         if not isinstance(key, str) or not key:
             raise bad_value("_group", "key", "a non-empty str naming the group on every member", key)
@@ -229,6 +230,8 @@ class Communicator:
         from .topology import Topology
         topology = None if nodes is None else Topology.from_names(members.index(self.rank), nodes)
         sub = self._sub(transport, topology, path)
+        if not agree:
+            return sub
         fingerprint = _context_id((key, tuple(members)))
         call = Call(_SPLIT, None, None, dtype=None, count=0, result=None)
         sub._submit(call, lambda seq: sub._agree(seq, fingerprint, members), async_op=False)

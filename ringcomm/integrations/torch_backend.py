@@ -42,6 +42,7 @@ from ..errors import UsageError, bad_value
 from ..work import Work as RingcommWork
 from .autoregister import BACKEND
 from .torch_groups import Shared, forget_world, group_on, init_process_group, register  # noqa: F401
+from .torch_monitored import barrier_seconds
 from .torch_p2p import P2PWork
 from .torch_tensors import (NUMPY, alike, as_bytes, host_input, host_view, offsets_of, pack, raw, sizes_of, staged,
                             unpack)
@@ -158,6 +159,7 @@ class RingcommProcessGroup(dist.ProcessGroup):
         self.abort_communicator(f"process group aborted on rank {self._rank} (ProcessGroup.abort)")
         if self._shared.leave(self):
             self.engine.close()
+            self._shared.monitor.close()
             forget_world(self._shared)
 
     def shutdown(self) -> None:
@@ -169,6 +171,7 @@ class RingcommProcessGroup(dist.ProcessGroup):
         self.engine.drain(self.timeout + 2 * ABORT_GRACE)
         if self._shared.leave(self):
             self.engine.close()
+            self._shared.monitor.close()
             if self._shared.owned and not self._shared.aborted:
                 self.comm.close()
             forget_world(self._shared)
@@ -509,6 +512,15 @@ class RingcommProcessGroup(dist.ProcessGroup):
     def barrier(self, opts=None):
         """dist.barrier: device_ids name the devices to synchronise on NCCL; a CPU barrier has none."""
         return self._submit("barrier", [_call(self.comm.barrier)], [], None, opts, [])
+
+    def monitored_barrier(self, timeout=None, wait_all_ranks=False) -> None:
+        """ProcessGroup.monitored_barrier, as gloo's: rank 0 waits for every rank until ``timeout``
+        (the group's by default) and names the ranks that did not come; the others raise too,
+        with rank 0's reason (torch_monitored.py). Not in the issue order of the collectives."""
+        self._check_open("monitored_barrier")
+        limit = barrier_seconds(timeout, self.timeout)
+        group = f"group {self._name!r}" + ("" if self.ranks is None else f" (global ranks {self.ranks})")
+        self._shared.monitor.run(limit, wait_all_ranks, self.timeout, group)
 
     # ---- coalescing, splitting -----------------------------------------------------------------------
     def _start_coalescing(self, device) -> None:

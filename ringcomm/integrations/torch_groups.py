@@ -32,16 +32,18 @@ from torch.distributed.constants import default_pg_timeout
 from ..errors import CommError, UsageError, bad_type, bad_value
 from .autoregister import BACKEND, register as _register
 from .torch_engine import Engine
+from .torch_monitored import MonitoredBarrier
 from .torch_work import seconds
 
 
 class Shared:
-    """One Communicator, the process groups that issue on it, and the Engine that orders and
-    completes their calls (torch_engine.py)."""
+    """One Communicator, the process groups that issue on it, the Engine that orders and
+    completes their calls (torch_engine.py), and their monitored barrier (torch_monitored.py)."""
 
     def __init__(self, comm, owned: bool):
         self.comm, self.owned = comm, owned   # owned: made for torch, so closed with its last group
         self.engine = Engine(f"ringcomm-c10d-{comm.rank}", comm)
+        self.monitor = MonitoredBarrier(comm)
         self.groups: list = []
         self.aborted = False
         self.lock = threading.Lock()
