@@ -331,9 +331,13 @@ def build_configs(args, world) -> tuple[list[Config], list[str]]:
 
 
 def last_algorithm(comm) -> str:
-    """What the communicator's latest call ran (its flight recorder says)."""
+    """What the communicator's latest call ran (its flight recorder says): sendrecv's last call
+    is a recv, which runs no algorithm but point-to-point messages."""
+    from ringcomm.diagnostics.flight_recorder import P2PEntry
     entries = comm.recorder.entries
-    return (entries[-1].algorithm or "") if entries else ""
+    if not entries:
+        return ""
+    return "send/recv" if isinstance(entries[-1], P2PEntry) else (entries[-1].algorithm or "")
 
 
 def algorithm_usable(config: Config, collective: str) -> Optional[str]:

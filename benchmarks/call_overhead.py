@@ -28,9 +28,11 @@ from ringcomm.core import executor
 from ringcomm.core.buffers import as_buffer
 from ringcomm.core.envelope import Envelope
 from ringcomm.core.ops import ReduceOp, reducer
+from ringcomm.core.progress import settle
 from ringcomm.core.schedule import DEFAULT_SEGMENT_BYTES, Shape
 from ringcomm.transport.base import DoneRequest, Transport
 from ringcomm.transport.window import Window, region_bytes
+from ringcomm.work import Work
 
 
 class NullTransport(Transport):
@@ -59,6 +61,25 @@ def best_us(fn, number: int, repeat: int) -> float:
     """CPU seconds of this thread per call: nothing here waits, and time the OS hands to other
     processes on a shared machine does not count (wall-clock figures would measure the load)."""
     return min(timeit.repeat(fn, number=number, repeat=repeat, timer=time.thread_time)) / number * 1e6
+
+
+def recorder_rows(comm, count: int) -> list:
+    """The flight-recorder bookkeeping of one call, step by step as the communicator and the
+    engine do it: a collective's entry (made, running, done) and a send's (made, posted, settled)."""
+    recorder, work = comm.recorder, Work("send p2p#1 to rank 1 (tag 3) on rank 0")
+
+    def collective():
+        entry = recorder.record(1, "all_reduce", count, "float32")
+        entry.state, entry.started = "running", time.monotonic()
+        entry.state, entry.ended = "done", time.monotonic()
+
+    def point_to_point():
+        entry = recorder.record_p2p(1, "send", 1, 3, count, "float32")
+        entry.started = time.monotonic()
+        entry.state = "posted"
+        settle(entry, work, "done")
+    return [("flight-recorder entry of a collective (record, running, done)", collective),
+            ("flight-recorder entry of a send/recv (record, posted, settled)", point_to_point)]
 
 
 def phases(nbytes: int, size: int, number: int, repeat: int) -> list[tuple[str, float]]:
@@ -93,7 +114,7 @@ def phases(nbytes: int, size: int, number: int, repeat: int) -> list[tuple[str, 
                                                                          envelope=envelope, timeout=300.0,
                                                                          what="w")),
         ("  one reduction kernel np.add(out=)", lambda: red(x, x)),
-    ]
+    ] + recorder_rows(comm, x.size)
     with np.errstate(all="ignore"):   # null receives leave scratch as it was: its sums mean nothing
         return [(label, best_us(fn, number, repeat)) for label, fn in rows]
 

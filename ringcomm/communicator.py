@@ -24,7 +24,7 @@ from .core import executor
 from .core.envelope import (ABORT_TAG, Envelope, describe_p2p_mismatch, p2p_tag, register_collective, static_bits,
                             window_stamp)
 from .core.ops import reducer
-from .core.progress import Engine, Pending, deadline_of
+from .core.progress import Engine, Pending, deadline_of, settle
 from .core.schedule import DEFAULT_SEGMENT_BYTES, Recv, Send, Shape
 from .core.streams import scope_for
 from .diagnostics import preflight
@@ -585,7 +585,8 @@ class Communicator:
             engine.admit(f"{call.name} on rank {self.rank}")
             self._seq_p2p += 1
             seq = self._seq_p2p
-            work = Work(f"{call.name} #{seq} {'to' if call.name == 'send' else 'from'} "
+            entry = self.recorder.record_p2p(seq, call.name, call.peer, call.tag, call.count, call.dtype.name)
+            work = Work(f"{call.name} p2p#{seq} {'to' if call.name == 'send' else 'from'} "
                         f"{'any rank' if call.peer is None else f'rank {call.peer}'} (tag {call.tag}) on rank {self.rank}")
             work._result = call.result
 
@@ -594,6 +595,7 @@ class Communicator:
                     if self._broken is not None:
                         raise CommError(f"{work.description}: not posted: the communicator failed earlier: "
                                         f"{self._broken}")
+                    entry.started = time.monotonic()
                     with engine.exec:
                         if scope is None:
                             test, cancel = self._post(call, work)
@@ -602,11 +604,13 @@ class Communicator:
                                 test, cancel = self._post(call, work)
                             test = scope.wrap(test)
                 except BaseException as err:
+                    settle(entry, work, f"failed: {type(err).__name__}")
                     engine.done()
                     work._finish(None, err)
                     return
+                entry.state = "posted"
                 engine.pending.append(Pending(_with_deadline(test, self.timeout, work.description), cancel, work,
-                                              work.description))
+                                              work.description, entry))
             engine.enqueue(post)
         if async_op:
             return work

@@ -65,6 +65,19 @@ def test_absent_rank_makes_the_others_time_out_naming_it(count, tmp_path):
     assert proc.stderr.count("ringcomm flight recorder") == 2
 
 
+@pytest.mark.parametrize("backend", ["ringcomm", "mpi"])
+def test_a_receive_nobody_answers_times_out_and_the_flight_recorder_names_it(backend, tmp_path):
+    proc = run_mpi(2, "faults.py", "recv-absent", 100, env={"RINGCOMM_TIMEOUT": "2", "RINGCOMM_BACKEND": backend,
+                                                             "FAULTS_OUT": str(tmp_path)})
+    seen = outcomes(tmp_path)
+    assert seen[0][1] == "ok"
+    took, kind, msg = seen[1]
+    assert kind == "CommTimeoutError" and 2.0 <= took < 4.0, seen[1]
+    assert "recv p2p#1 from rank 0 (tag 11) on rank 1: timed out" in msg
+    assert proc.stderr.count("ringcomm flight recorder, rank 1: recv p2p#1 from rank 0 (tag 11)") == 1, proc.stderr
+    assert re.search(r"p2p#1 +recv +100 x float32 +from rank 0 tag 11 +failed: CommTimeoutError", proc.stderr)
+
+
 def test_sigkilled_rank_ends_the_job_nonzero_within_seconds(tmp_path):
     start = time.monotonic()
     proc = run_mpi(3, "faults.py", "kill", env={"RINGCOMM_TIMEOUT": "60", "FAULTS_OUT": str(tmp_path)},

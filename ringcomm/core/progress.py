@@ -27,11 +27,20 @@ from ..work import Work
 
 class Pending:
     """A posted point-to-point operation: ``test()`` -> True once done (may raise); ``cancel()``
-    withdraws it from the transport (a closed communicator must not write into a buffer later)."""
-    __slots__ = ("test", "cancel", "work", "what")
+    withdraws it from the transport (a closed communicator must not write into a buffer later);
+    ``entry``: its flight-recorder entry, settled here when it completes, fails or is withdrawn."""
+    __slots__ = ("test", "cancel", "work", "what", "entry")
 
-    def __init__(self, test: Callable[[], bool], cancel: Callable[[], None], work: Work, what: str):
-        self.test, self.cancel, self.work, self.what = test, cancel, work, what
+    def __init__(self, test: Callable[[], bool], cancel: Callable[[], None], work: Work, what: str, entry):
+        self.test, self.cancel, self.work, self.what, self.entry = test, cancel, work, what, entry
+
+
+def settle(entry, work: Work, state: str) -> None:
+    """The final state of a send's or receive's flight-recorder entry (diagnostics/flight_recorder.py),
+    with the sender of a receive from any rank once known."""
+    entry.state, entry.ended = state, time.monotonic()
+    if entry.peer is None:
+        entry.source = work.source
 
 
 class Engine:
@@ -107,6 +116,7 @@ class Engine:
                     done = op.test()
             except BaseException as err:   # surfaced through its Work, and the communicator fails
                 self.pending.remove(op)
+                settle(op.entry, op.work, f"failed: {type(err).__name__}")   # before _fail dumps the recorder
                 if isinstance(err, CommError):
                     self._fail(err)
                 op.work._finish(None, err)
@@ -115,6 +125,7 @@ class Engine:
                 continue
             if done:
                 self.pending.remove(op)
+                settle(op.entry, op.work, "done")
                 op.work._finish(op.work._result, None)
                 self.done()
                 finished = True
@@ -128,6 +139,7 @@ class Engine:
                     op.cancel()
             except Exception:
                 pass   # the transport is gone already
+            settle(op.entry, op.work, "cancelled")
             op.work._finish(None, CommError(f"{op.what}: cancelled: the communicator was closed before it "
                                             f"completed"))
             self.outstanding -= 1
@@ -136,6 +148,7 @@ class Engine:
     def fail_pending(self, err: BaseException) -> None:
         """After a failure: pending operations will never complete cleanly (progress thread only)."""
         for op in self.pending:
+            settle(op.entry, op.work, "failed: CommError")
             op.work._finish(None, CommError(f"{op.what}: abandoned: {err}"))
             self.done()
         self.pending.clear()

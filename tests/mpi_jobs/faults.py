@@ -60,6 +60,9 @@ try:
     elif scenario == "absent":
         if not odd:
             comm.all_reduce(ones(count))
+    elif scenario == "recv-absent":   # a pipeline stage whose previous stage never sends
+        if odd:
+            comm.recv(np.zeros(count, np.float32), 0, tag=11)
     elif scenario == "kill":
         if odd:
             os.kill(os.getpid(), signal.SIGKILL)
