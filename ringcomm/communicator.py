@@ -9,6 +9,7 @@ Point-to-point calls are posted in issue order and complete on their own (core/p
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import threading
@@ -34,6 +35,7 @@ from .persistent import _SLOW, FastCalls, Persistent, fast_round
 from .selection.selector import Selector
 from .transport.base import Transport
 from .transport.devices import cupy_installed
+from .transport.polling import wait_polling
 from .work import Work
 
 DEFAULT_TIMEOUT = 300.0
@@ -589,6 +591,12 @@ class Communicator:
             work = Work(f"{call.name} p2p#{seq} {'to' if call.name == 'send' else 'from'} "
                         f"{'any rank' if call.peer is None else f'rank {call.peer}'} (tag {call.tag}) on rank {self.rank}")
             work._result = call.result
+            # With nothing issued earlier still to post, the call is posted right here (two thread
+            # hand-offs cost more than a message); a blocking one also completes here, an async
+            # one is left to the progress thread.
+            inline = scope is None and engine.idle()
+            if inline:
+                engine.outstanding += 1
 
             def post():
                 try:
@@ -609,13 +617,61 @@ class Communicator:
                     work._finish(None, err)
                     return
                 entry.state = "posted"
-                engine.pending.append(Pending(_with_deadline(test, self.timeout, work.description), cancel, work,
-                                              work.description, entry))
-            engine.enqueue(post)
+                with engine.state:
+                    engine.watch(Pending(_with_deadline(test, self.timeout, work.description), cancel, work,
+                                         work.description, entry))
+            if not inline:
+                engine.enqueue(post)
+        if inline and async_op:
+            self._post_inline(call, work, entry)
+            return work
         if async_op:
             return work
-        result = work.wait()
+        if inline:
+            try:
+                result = self._point_to_point_inline(call, work, entry)
+            finally:
+                engine.done()
+        else:
+            result = work.wait()
         return (result, work.source) if call.name == "recv" and call.peer is None else result
+
+    def _post_inline(self, call: Call, work: Work, entry) -> None:
+        """Post an async send or receive in the caller's thread; the progress thread completes it."""
+        engine = self.engine
+        entry.started = time.monotonic()
+        try:
+            if self._broken is not None:
+                raise CommError(f"{work.description}: not posted: the communicator failed earlier: {self._broken}")
+            with engine.exec:
+                test, cancel = self._post(call, work)
+        except BaseException as err:
+            settle(entry, work, f"failed: {type(err).__name__}")
+            engine.done()
+            work._finish(None, err)
+            return
+        entry.state = "posted"
+        with engine.state:
+            engine.watch(Pending(_with_deadline(test, self.timeout, work.description), cancel, work,
+                                 work.description, entry))
+
+    def _point_to_point_inline(self, call: Call, work: Work, entry):
+        """Post and complete one blocking send or receive in the caller's thread."""
+        entry.started = time.monotonic()
+        try:
+            if self._broken is not None:
+                raise CommError(f"{work.description}: not posted: the communicator failed earlier: {self._broken}")
+            with self.engine.exec:
+                test, _ = self._post(call, work)
+                entry.state = "posted"
+                wait_polling(test, None)   # test() raises at the deadline, naming the call
+        except BaseException as err:
+            settle(entry, work, f"failed: {type(err).__name__}")
+            if isinstance(err, CommError):
+                self._fail(err)
+            raise
+        settle(entry, work, "done")
+        return call.result
 
     def _post(self, call: Call, work: Work) -> tuple:
         """Post one send or receive; return (the test the progress thread polls until it is done,
@@ -625,8 +681,30 @@ class Communicator:
         deadline = deadline_of(self.timeout)
         watch = _P2PWatch(self, call, work.description, deadline)
         if call.name == "send":
-            request = transport.isend(flat, call.peer, tag)
-            return lambda: request.test() or watch.stalled(call.peer, Send(call.peer, 0, call.count)), request.cancel
+            # Staged until it completes: a large send is read by its receiver straight out of
+            # this process (CMA) instead of through the staging pool or MPI.
+            staged = contextlib.ExitStack()
+            staged.enter_context(transport.stage((flat,)))
+            try:
+                request = transport.isend(flat, call.peer, tag)
+            except BaseException:
+                staged.close()
+                raise
+
+            def sent() -> bool:
+                try:
+                    done = request.test() or watch.stalled(call.peer, Send(call.peer, 0, call.count))
+                except BaseException:
+                    staged.close()
+                    raise
+                if done:
+                    staged.close()
+                return done
+
+            def withdraw() -> None:
+                request.cancel()
+                staged.close()
+            return sent, withdraw
         if call.peer is not None:
             work.source = call.peer
             request = transport.irecv(flat, call.peer, tag)

@@ -5,12 +5,13 @@ import threading
 from typing import Optional
 
 from .errors import CommTimeoutError
+from .transport.polling import wait_polling
 
 
 class Work:
     """The result of ``async_op=True``: ``wait()`` returns the output buffer or raises its error."""
 
-    __slots__ = ("description", "_done", "_result", "_error", "source")
+    __slots__ = ("description", "_done", "_result", "_error", "source", "_drive")
 
     def __init__(self, description: str):
         self.description = description
@@ -18,8 +19,13 @@ class Work:
         self._done = threading.Event()
         self._result = None
         self._error: Optional[BaseException] = None
+        self._drive = None   # a posted send/recv: tests it once from the waiting thread (Engine.drive)
 
     def wait(self, timeout: Optional[float] = None):
+        drive = self._drive
+        if drive is not None and not self._done.is_set():
+            # Complete it from here rather than sleep until the progress thread next looks at it.
+            wait_polling(lambda: self._done.is_set() or drive(), timeout)
         if not self._done.wait(timeout):
             raise CommTimeoutError(f"{self.description}: not complete after waiting {timeout:g} s")
         if self._error is not None:

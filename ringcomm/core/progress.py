@@ -25,6 +25,9 @@ from ..transport.polling import MAX_SLEEP
 from ..work import Work
 
 
+DRIVE_BLOCK = 1e-3   # seconds a waiting thread blocks for exec before it looks again
+
+
 class Pending:
     """A posted point-to-point operation: ``test()`` -> True once done (may raise); ``cancel()``
     withdraws it from the transport (a closed communicator must not write into a buffer later);
@@ -51,7 +54,7 @@ class Engine:
         self.wake = threading.Condition(self.state)
         self.exec = threading.Lock()     # held while a job moves data
         self.queue: collections.deque = collections.deque()
-        self.pending: list = []          # posted point-to-point operations (progress thread only)
+        self.pending: list = []          # posted point-to-point operations, completed by the progress thread
         self.outstanding = 0
         self.owner: Optional[threading.Thread] = None   # the thread whose calls are in flight
         self.delegates: set = set()      # threads that may call on the owner's behalf
@@ -76,10 +79,26 @@ class Engine:
         """Queue ``item`` (under ``state``) for the progress thread."""
         self.queue.append(item)
         self.outstanding += 1
+        self._start()
+
+    def _start(self) -> None:
         if self.thread is None:
             self.thread = threading.Thread(target=self._loop, daemon=True, name=f"ringcomm-progress-{self.label}")
             self.thread.start()
         self.wake.notify()
+
+    def idle(self) -> bool:
+        """Nothing issued earlier waits to be posted or runs (under ``state``): a call may post
+        in the caller's thread without overtaking one. Pending point-to-point operations are
+        posted already and do not count."""
+        return self.outstanding == len(self.pending)
+
+    def watch(self, op: "Pending") -> None:
+        """Hand a posted point-to-point operation to the progress thread, which completes it, as
+        does a thread waiting on its Work (under ``state``; it counts as outstanding already)."""
+        self.pending.append(op)
+        op.work._drive = lambda: self.drive(op)
+        self._start()
 
     def done(self) -> None:
         with self.state:
@@ -111,25 +130,45 @@ class Engine:
         """Test every pending point-to-point operation once; True if one finished."""
         finished = False
         for op in list(self.pending):
-            try:
-                with self.exec:
-                    done = op.test()
-            except BaseException as err:   # surfaced through its Work, and the communicator fails
-                self.pending.remove(op)
-                settle(op.entry, op.work, f"failed: {type(err).__name__}")   # before _fail dumps the recorder
-                if isinstance(err, CommError):
-                    self._fail(err)
-                op.work._finish(None, err)
-                self.done()
-                finished = True
-                continue
-            if done:
-                self.pending.remove(op)
-                settle(op.entry, op.work, "done")
-                op.work._finish(op.work._result, None)
-                self.done()
-                finished = True
+            with self.exec:
+                if op in self.pending:   # not completed by a waiting thread meanwhile (drive)
+                    finished = self._test(op) or finished
         return finished
+
+    def drive(self, op: Pending) -> bool:
+        """Test ``op`` once from the thread that waits on its Work; True once the Work is
+        finished. False while the progress thread or a job still holds ``exec``."""
+        if op.work.is_completed():
+            return True
+        # Block (without the GIL) rather than spin while another thread holds exec: a spinning
+        # waiter keeps the GIL from the thread it waits for for up to the switch interval (5 ms).
+        if not self.exec.acquire(timeout=DRIVE_BLOCK):
+            return False
+        try:
+            if op in self.pending:
+                self._test(op)
+        finally:
+            self.exec.release()
+        return op.work.is_completed()
+
+    def _test(self, op: Pending) -> bool:
+        """Test ``op`` (under ``exec``); when it is over, settle it: True."""
+        try:
+            done = op.test()
+        except BaseException as err:   # surfaced through its Work, and the communicator fails
+            self.pending.remove(op)
+            settle(op.entry, op.work, f"failed: {type(err).__name__}")   # before _fail dumps the recorder
+            if isinstance(err, CommError):
+                self._fail(err)
+            op.work._finish(None, err)
+            self.done()
+            return True
+        if done:
+            self.pending.remove(op)
+            settle(op.entry, op.work, "done")
+            op.work._finish(op.work._result, None)
+            self.done()
+        return done
 
     def _cancel_pending(self) -> None:
         """close() with sends or receives nobody matched: withdraw them, their Works raise."""
