@@ -664,7 +664,7 @@ class Communicator:
             with self.engine.exec:
                 test, _ = self._post(call, work)
                 entry.state = "posted"
-                wait_polling(test, None)   # test() raises at the deadline, naming the call
+                wait_polling(_with_deadline(test, self.timeout, work.description), None)   # raises at the deadline
         except BaseException as err:
             settle(entry, work, f"failed: {type(err).__name__}")
             if isinstance(err, CommError):

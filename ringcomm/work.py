@@ -22,11 +22,12 @@ class Work:
         self._drive = None   # a posted send/recv: tests it once from the waiting thread (Engine.drive)
 
     def wait(self, timeout: Optional[float] = None):
-        drive = self._drive
+        drive, left = self._drive, timeout
         if drive is not None and not self._done.is_set():
             # Complete it from here rather than sleep until the progress thread next looks at it.
-            wait_polling(lambda: self._done.is_set() or drive(), timeout)
-        if not self._done.wait(timeout):
+            if not wait_polling(lambda: self._done.is_set() or drive(), timeout):
+                left = 0.0   # the time is spent: a last look, not a second wait
+        if not self._done.wait(left):
             raise CommTimeoutError(f"{self.description}: not complete after waiting {timeout:g} s")
         if self._error is not None:
             raise self._error

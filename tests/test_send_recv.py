@@ -98,3 +98,68 @@ def test_a_receive_nobody_sends_times_out_naming_the_peer_and_tag():
         return None
     with pytest.raises(CommTimeoutError, match=r"recv .*from rank 0 \(tag 11\).*timed out"):
         run_threads(2, body, timeout=1.0)
+
+
+def test_blocking_calls_with_nothing_queued_run_in_the_callers_thread():
+    # Two thread hand-offs per message cost more than the message: a blocking ping-pong never
+    # starts a progress thread.
+    def body(comm):
+        x = np.zeros(256, np.float32)
+        for _ in range(5):
+            if comm.rank == 0:
+                comm.send(x + 1, 1)
+                comm.recv(x, 1)
+            else:
+                comm.recv(x, 0)
+                comm.send(x + 1, 0)
+        return comm.engine.thread, float(x[0])
+    (thread0, x0), (thread1, x1) = run_threads(2, body)
+    assert thread0 is None and thread1 is None
+    assert x0 == 10.0 and x1 == 9.0
+
+
+def test_an_async_send_posted_inline_stays_ahead_of_a_later_blocking_send_of_the_same_tag():
+    def body(comm):
+        if comm.rank == 0:
+            work = comm.send(np.full(4, 1.0), 1, tag=3, async_op=True)
+            comm.send(np.full(4, 2.0), 1, tag=3)
+            work.wait(10)
+            return None
+        return comm.recv(np.zeros(4), 0, tag=3)[0], comm.recv(np.zeros(4), 0, tag=3)[0]
+    assert run_threads(2, body)[1] == (1.0, 2.0)
+
+
+def test_a_finished_work_lets_go_of_its_buffer():
+    import gc
+    import weakref
+
+    def body(comm):
+        if comm.rank == 0:
+            x = np.ones(1 << 16)
+            work = comm.send(x, 1, async_op=True)
+            work.wait(10)
+            ref = weakref.ref(x)
+            del x
+            gc.collect()
+            return ref() is None, work
+        comm.recv(np.zeros(1 << 16), 0)
+        return None
+    released, work = run_threads(2, body)[0]
+    assert released and work.is_completed()
+
+
+def test_waiting_on_an_async_receive_with_a_timeout_takes_that_long_not_twice_as_long():
+    import time
+
+    def body(comm):
+        if comm.rank == 1:
+            work = comm.recv(np.zeros(4), 0, tag=5, async_op=True)
+            start = time.monotonic()
+            with pytest.raises(CommTimeoutError, match="not complete after waiting 0.4 s"):
+                work.wait(0.4)
+            took = time.monotonic() - start
+            comm.engine.close(1)   # the receive is still pending: withdraw it before the ranks part
+            return took
+        return None
+    took = run_threads(2, body, timeout=5)[1]
+    assert 0.35 < took < 0.7, took

@@ -42,6 +42,7 @@ def settle(entry, work: Work, state: str) -> None:
     """The final state of a send's or receive's flight-recorder entry (diagnostics/flight_recorder.py),
     with the sender of a receive from any rank once known."""
     entry.state, entry.ended = state, time.monotonic()
+    work._drive = None   # it referenced the operation and its buffer: the Work may outlive both
     if entry.peer is None:
         entry.source = work.source
 
