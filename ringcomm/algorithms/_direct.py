@@ -54,6 +54,7 @@ def reduce_part(window, reducer, bases: list, own, out, first: int, own_is_out: 
 
 
 def reads(nbytes: float, net: Network, parts: int = 1) -> float:
-    """Seconds to read ``nbytes`` from peers in ``parts`` pieces, chunked as reduce_part does."""
-    return (parts + nbytes / CHUNK_BYTES) * net.direct.alpha + nbytes * net.direct.beta
+    """Seconds to read ``nbytes`` from ``parts`` peers (alpha_d per peer: the chunks of a
+    reduction cost a system call each, which the bandwidth term absorbs)."""
+    return parts * net.direct.alpha + nbytes * net.direct.beta
 

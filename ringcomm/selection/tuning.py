@@ -36,10 +36,12 @@ DEFAULT_LINKS = {
     # the default gamma, one_shot's predicted 1 MiB time is what that sweep measured (309 us).
     "shm-window": (6e-6, 1 / 15.5e9),
     "threads-window": (20e-6, 1 / 4.0e9),
-    # Direct reads of a peer's buffer (the direct algorithms): a process_vm_readv system call
-    # (a few us, then ~13 GB/s: 1 MiB in 75-89 us, 2 ranks reading at once, this VM 2026-12-01);
-    # between threads a memmove.
-    "shm-direct": (4e-6, 1 / 13e9),
+    # Direct reads of a peer's buffer (the direct algorithms): a process_vm_readv system call.
+    # Fitted to forced direct against one_shot runs of all four collectives at 64 KiB-16 MiB on
+    # 2 ranks of this VM (2026-12-01 05:48 UTC): 8.5 GB/s, and 30 us per read, which also carries
+    # what a direct call costs beyond its rounds (a 64 KiB direct all_reduce took 100 us against
+    # one_shot's 36). Between threads a memmove.
+    "shm-direct": (30e-6, 1 / 8.5e9),
     "threads-direct": (2e-6, 1 / 4.0e9),
 }
 DEFAULT_GAMMAS = {
