@@ -311,3 +311,18 @@ def test_oversubscribed_ranks_are_priced_per_step_and_keep_few_step_algorithms_l
     shared.set_host(2, 2)   # a core each again: the dedicated model
     assert shared.explain("all_reduce", 64 << 10, 4, **kw).predicted == \
         dedicated.explain("all_reduce", 64 << 10, 4, **kw).predicted
+
+
+def test_oversubscribed_direct_reads_pay_a_share_of_a_core_but_no_hand_off():
+    # A CMA read waits for no peer: pricing it like a message step (alpha + HANDOFF) ran
+    # Rabenseifner at 1 MiB on 4 ranks / 2 cores, 1.9-2.1x slower than the window algorithms.
+    from ringcomm.selection.cost import HANDOFF, crowded_reads
+    link = Link(30e-6, 1 / 8.5e9, 1 / 5e9)
+    busy = crowded_reads(link, 2.0)
+    assert busy.alpha == pytest.approx(2 * link.alpha) and busy.alpha < link.alpha + HANDOFF
+    assert busy.beta == 2 * link.beta
+    assert crowded_reads(link, 1.0) is link and crowded_reads(None, 2.0) is None
+    shared = Selector()
+    shared.set_host(4, 2)
+    choice = shared.explain("all_reduce", 1 << 20, 4, routes=("shm", "shm"), window_bytes=512 << 10, direct=True)
+    assert choice.algorithm in ("direct", "one_shot"), choice.predicted

@@ -116,6 +116,16 @@ def crowded_window(link: Optional[Link], ranks_per_core: float) -> Optional[Link
     return Link(link.alpha + HANDOFF, link.beta, link.gamma, link.call)
 
 
+def crowded_reads(link: Optional[Link], ranks_per_core: float) -> Optional[Link]:
+    """Direct reads of peers' memory as oversubscribed ranks see them: all CPU work on a share of
+    a core (a system call and a copy), but no hand-off: a read waits for no peer (the window
+    rounds around it do, and pay theirs in ``crowded_window``)."""
+    if link is None or ranks_per_core <= 1:
+        return link
+    c = ranks_per_core
+    return Link(link.alpha * c, link.beta * c, link.gamma * c, link.call * c)
+
+
 def as_network(link, size: int) -> Network:
     """A plain Link means one node of ``size`` ranks on that link."""
     if isinstance(link, Network):

@@ -24,7 +24,7 @@ from typing import Optional
 
 from .. import algorithms, env
 from ..errors import UsageError
-from .cost import Link, Network, crowded, crowded_window
+from .cost import Link, Network, crowded, crowded_reads, crowded_window
 from .tuning import DEFAULT_TUNING, Tuning, load_tuning
 
 MEMO_LIMIT = 4096   # distinct (collective, bytes, shape) choices remembered per selector
@@ -201,7 +201,7 @@ class Selector:
             c = self.ranks_per_core
             net = self._networks[key] = Network(crowded(intra, c), crowded(inter, c), local_sizes(nodes, size),
                                                 window=crowded_window(window, c), window_bytes=window_bytes,
-                                                direct=crowded(reads, c), crowding=c)
+                                                direct=crowded_reads(reads, c), crowding=c)
         return net
 
     def explain(self, collective: str, nbytes: int, size: int, *, dtype: str = "float32", nodes=None,
