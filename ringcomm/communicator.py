@@ -598,32 +598,10 @@ class Communicator:
             if inline:
                 engine.outstanding += 1
 
-            def post():
-                try:
-                    if self._broken is not None:
-                        raise CommError(f"{work.description}: not posted: the communicator failed earlier: "
-                                        f"{self._broken}")
-                    entry.started = time.monotonic()
-                    with engine.exec:
-                        if scope is None:
-                            test, cancel = self._post(call, work)
-                        else:
-                            with scope:
-                                test, cancel = self._post(call, work)
-                            test = scope.wrap(test)
-                except BaseException as err:
-                    settle(entry, work, f"failed: {type(err).__name__}")
-                    engine.done()
-                    work._finish(None, err)
-                    return
-                entry.state = "posted"
-                with engine.state:
-                    engine.watch(Pending(_with_deadline(test, self.timeout, work.description), cancel, work,
-                                         work.description, entry))
-            if not inline:
-                engine.enqueue(post)
+            if not inline:   # posted by the progress thread when its turn comes
+                engine.enqueue(lambda: self._post_async(call, work, entry, scope))
         if inline and async_op:
-            self._post_inline(call, work, entry)
+            self._post_async(call, work, entry)
             return work
         if async_op:
             return work
@@ -636,15 +614,21 @@ class Communicator:
             result = work.wait()
         return (result, work.source) if call.name == "recv" and call.peer is None else result
 
-    def _post_inline(self, call: Call, work: Work, entry) -> None:
-        """Post an async send or receive in the caller's thread; the progress thread completes it."""
+    def _post_async(self, call: Call, work: Work, entry, scope=None) -> None:
+        """Post a send or receive whose Work the progress thread (or a thread waiting on it)
+        completes: from the caller's thread, or from the progress thread when its turn comes.
+        ``scope``: device memory's DeviceScope, around the post and every test."""
         engine = self.engine
-        entry.started = time.monotonic()
         try:
-            if self._broken is not None:
-                raise CommError(f"{work.description}: not posted: the communicator failed earlier: {self._broken}")
+            self._refuse_if_broken(work)
+            entry.started = time.monotonic()
             with engine.exec:
-                test, cancel = self._post(call, work)
+                if scope is None:
+                    test, cancel = self._post(call, work)
+                else:
+                    with scope:
+                        test, cancel = self._post(call, work)
+                    test = scope.wrap(test)
         except BaseException as err:
             settle(entry, work, f"failed: {type(err).__name__}")
             engine.done()
@@ -655,12 +639,15 @@ class Communicator:
             engine.watch(Pending(_with_deadline(test, self.timeout, work.description), cancel, work,
                                  work.description, entry))
 
+    def _refuse_if_broken(self, work: Work) -> None:
+        if self._broken is not None:
+            raise CommError(f"{work.description}: not posted: the communicator failed earlier: {self._broken}")
+
     def _point_to_point_inline(self, call: Call, work: Work, entry):
         """Post and complete one blocking send or receive in the caller's thread."""
-        entry.started = time.monotonic()
         try:
-            if self._broken is not None:
-                raise CommError(f"{work.description}: not posted: the communicator failed earlier: {self._broken}")
+            self._refuse_if_broken(work)
+            entry.started = time.monotonic()
             with self.engine.exec:
                 test, _ = self._post(call, work)
                 entry.state = "posted"

@@ -22,9 +22,15 @@ CHUNK_BYTES = 512 << 10   # read and reduced a chunk at a time, so the chunk is 
 def exchange(window, stamp: int, word: int, trouble, arrays: tuple, rounds: int) -> list:
     """Round 1 of ``rounds``: post the addresses of ``arrays`` and return every rank's, in rank
     order (a tuple of ints per rank), once every rank has posted them."""
-    window.next_slot(ADDRESS, len(arrays))[...] = [address(a) for a in arrays]
+    return exchange_words(window, stamp, word, trouble, [address(a) for a in arrays], rounds)
+
+
+def exchange_words(window, stamp: int, word: int, trouble, words, rounds: int) -> list:
+    """Round 1 of ``rounds``: post ``words`` (int64s: addresses, offsets, lengths) and return
+    every rank's, in rank order (a tuple of ints per rank), once every rank has posted them."""
+    window.next_slot(ADDRESS, len(words))[...] = words
     k = sync(window, stamp, word, trouble, 0, rounds)
-    return [tuple(v.tolist()) for v in window.views(k, ADDRESS, len(arrays))]
+    return [tuple(v.tolist()) for v in window.views(k, ADDRESS, len(words))]
 
 
 def reduce_part(window, reducer, bases: list, own, out, first: int, own_is_out: bool) -> None:

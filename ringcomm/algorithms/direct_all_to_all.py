@@ -14,7 +14,7 @@ from __future__ import annotations
 from ..core.buffers import address
 from ..errors import MismatchError
 from ..selection.cost import Network
-from ._direct import ADDRESS, reads
+from ._direct import exchange_words, reads
 from ._rounds import sync
 from .base import WindowAlgorithm
 from .pairwise_all_to_all import offsets
@@ -36,13 +36,10 @@ class DirectAllToAll(WindowAlgorithm):
         n, me, item = window.size, window.rank, dst.itemsize
         sends, recvs = shape.counts, shape.recv_counts
         soff, roff = offsets(sends), offsets(recvs)
-        table = window.next_slot(ADDRESS, 1 + 2 * n)
-        table[0] = address(src)
-        table[1::2], table[2::2] = soff, sends
-        k = sync(window, stamp, word, trouble, 0, 2)
-        slots = window.views(k, ADDRESS, 1 + 2 * n)
+        table = [address(src)] + [v for pair in zip(soff, sends) for v in pair]
+        slots = exchange_words(window, stamp, word, trouble, table, 2)
         for j in range(n):
-            theirs = int(slots[j][2 + 2 * me])
+            theirs = slots[j][2 + 2 * me]
             if theirs != recvs[j]:
                 raise MismatchError(f"all_to_all on rank {me}: rank {j} sends {theirs} elements to this rank, "
                                     f"which expects {recvs[j]} from it (out_splits)")
@@ -52,7 +49,7 @@ class DirectAllToAll(WindowAlgorithm):
             if j == me:
                 block[...] = src[soff[me]:soff[me] + theirs]
             else:
-                window.reader(j, int(slots[j][0]) + int(slots[j][1 + 2 * me]) * item, block)
+                window.reader(j, slots[j][0] + slots[j][1 + 2 * me] * item, block)
         sync(window, stamp, word, trouble, 1, 2)
 
 

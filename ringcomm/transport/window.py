@@ -89,13 +89,6 @@ class Window:
             both = self._views[key] = [[slots[p].view(dtype)[:count] for slots in self._slots] for p in (0, 1)]
         return both[k & 1]
 
-    def post(self, piece: np.ndarray, stamp: int, word: int = 0) -> tuple:
-        """Publish ``piece`` (at most ``capacity`` bytes) as this rank's next round:
-        (its number, every rank's slot of it as ``views`` gives them)."""
-        views = self.views(self.round + 1, piece.dtype, piece.size)
-        views[self.rank][...] = piece
-        return self.publish(stamp, word), views
-
     def next_slot(self, dtype, count: int) -> np.ndarray:
         """This rank's slot of its next round, to fill before ``publish`` posts it."""
         return self.views(self.round + 1, dtype, count)[self.rank]
