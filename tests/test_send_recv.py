@@ -163,3 +163,34 @@ def test_waiting_on_an_async_receive_with_a_timeout_takes_that_long_not_twice_as
         return None
     took = run_threads(2, body, timeout=5)[1]
     assert 0.35 < took < 0.7, took
+
+
+def test_a_second_thread_is_refused_while_a_send_posted_inline_is_in_flight():
+    # Posting in the caller's thread keeps the thread rule: a send from another thread while this
+    # thread's send is in flight raises UsageError naming both threads; this thread's calls go on.
+    import threading
+
+    def body(comm):
+        if comm.rank == 1:
+            comm.recv(np.zeros(1), 0, tag=2)   # rank 0's intruder has run: answer its recv now
+            comm.send(np.ones(2), 0, tag=1)
+            return None
+        said = {}
+
+        def intruder():
+            try:
+                comm.send(np.ones(2), 1, tag=9)
+                said["error"] = None
+            except Exception as err:   # asserted on below
+                said["error"] = err
+        t = threading.Thread(target=intruder, name="intruder")
+        work = comm.send(np.zeros(1), 1, tag=2, async_op=True)   # rank 1 answers once it sees this
+        t.start()
+        t.join(10)
+        got = comm.recv(np.zeros(2), 1, tag=1)
+        work.wait(10)
+        return said["error"], got
+    err, got = run_threads(2, body, timeout=10)[0]
+    from ringcomm import UsageError
+    assert isinstance(err, UsageError) and "'intruder'" in str(err) and "in flight" in str(err), err
+    assert got.tolist() == [1.0, 1.0]
