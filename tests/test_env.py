@@ -19,6 +19,7 @@ BAD = {
     "RINGCOMM_SHM_POOL": "lots",
     "RINGCOMM_SHM_UNSAFE_ORDERING": "perhaps",
     "RINGCOMM_FAULT": "nonsense",
+    "RINGCOMM_COMPILED": "fast",
 }
 FREE_TEXT = {"RINGCOMM_NODE_ID", "RINGCOMM_TUNING_FILE", "RINGCOMM_TIMELINE"}   # any text is a value
 

@@ -93,3 +93,21 @@ def test_nccl_backend_runs_the_grid_on_one_gpu(tmp_path):
     # One rank: NCCL refuses two ranks on one device, and a GPU machine here has one.
     report = report_of(tmp_path, 1, "collectives_grid.py", "--backends", "nccl")
     assert report["backends"]["nccl"]["checks"] >= 500
+
+
+@pytest.mark.mpi
+def test_processes_mixing_compiled_and_python_rounds_get_the_same_bits():
+    import subprocess
+    import sys
+    from mpi_util import JOBS, ROOT, mpi_env, mpirun_path
+    from ringcomm.core import compiled
+    if not compiled.available():
+        pytest.skip("the compiled round was not built (no C compiler)")
+    job = [sys.executable, str(JOBS / "compiled_round.py")]
+    cmd = [mpirun_path(), "-n", "1", *job, ":", "-n", "1", "-env", "RINGCOMM_COMPILED", "0", *job,
+           ":", "-n", "1", *job]
+    proc = subprocess.run(cmd, env=mpi_env(), capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
+    import re   # ranks' lines may interleave on the shared stdout
+    found = sorted(re.findall(r"rank (\d) ok \d+ (compiled=True|compiled=False)", proc.stdout))
+    assert found == [("0", "compiled=True"), ("1", "compiled=False"), ("2", "compiled=True")], proc.stdout

@@ -18,6 +18,13 @@ def sync(window, stamp: int, word: int, trouble: Callable, piece: int, pieces: i
     guard (executor.WindowGuard) that explains a stall, raising at the deadline, or a mismatch;
     ``piece`` of ``pieces`` says where in the call a stall happened."""
     k = window.publish(stamp, word)
+    settle(window, k, stamp, word, trouble, piece, pieces)
+    return k
+
+
+def settle(window, k: int, stamp: int, word: int, trouble: Callable, piece: int, pieces: int) -> None:
+    """Return once every rank has posted round ``k`` (already published by this one) with this
+    stamp and word; explain a stall, raise at the deadline or on a mismatch (``sync``)."""
     if window.lagging(k) is not None and window.wait(k, STALL_CHECK) is not None:
         guard = trouble()   # slow path: from here on, explain the stall or time out
         peer = window.lagging(k)
@@ -27,7 +34,6 @@ def sync(window, stamp: int, word: int, trouble: Callable, piece: int, pieces: i
     odd = window.odd_stamp(k, stamp, word)
     if odd is not None:
         trouble().mismatch(odd, window.stamp(odd, k), window.word(odd, k))
-    return k
 
 
 def pieces_of(count: int, per: int) -> int:

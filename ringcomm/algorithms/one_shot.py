@@ -9,7 +9,8 @@ round each.
 
 Steps: one synchronisation per piece of C bytes (C = window capacity), no messages.
 Bytes per rank: S written, (n-1) S read. Cost: ceil(S/C) alpha_w + S beta_w + (n-1) S (beta_w + gamma)
-on the window link (Network.window). Needs ranks that share memory: the transport must offer a
+on the window link (Network.window); where the round is compiled (core/_round.c, Network.round),
+ceil(S/C) alpha_r + n S beta_r: it reduces as it reads. Needs ranks that share memory: the transport must offer a
 window (shm on one node, threads). It wins for small vectors, where one flag store and n-1 flag
 loads replace log2(n) message round trips through the executor; it loses once the (n-1) S of
 reads outweigh those round trips, which the cost model finds.
@@ -17,8 +18,11 @@ reads outweigh those round trips, which the cost model finds.
 from __future__ import annotations
 
 import math
+
+import numpy as np
+
 from ..selection.cost import Network
-from ._rounds import pieces_of, sync
+from ._rounds import pieces_of, settle, sync
 from .base import WindowAlgorithm
 
 
@@ -29,19 +33,34 @@ class OneShot(WindowAlgorithm):
     def seconds(self, nbytes, net: Network) -> float:
         window = net.window
         pieces = math.ceil(nbytes / net.window_bytes)
+        if net.round is not None:   # compiled: S written, (n-1) S read and reduced as they are read
+            return pieces * net.round.alpha + net.size * nbytes * net.round.beta
         return pieces * window.alpha + nbytes * window.beta + (net.size - 1) * nbytes * (window.beta + net.gamma)
 
     def run(self, window, src, dst, shape, reducer, stamp, word, trouble) -> None:
         """All-reduce ``src`` (non-empty) into ``dst`` (``src`` itself for an in-place call)."""
         n, per = window.size, window.capacity // src.itemsize
         pieces = pieces_of(src.size, per)
+        core, code = window.core, reducer.code
+        if core is None or code < 0 or type(src) is not np.ndarray:
+            core = None
         reduce, combine = reducer.reduce, reducer.combine
         for i in range(pieces):
             piece = src if pieces == 1 else src[i * per:(i + 1) * per]
+            out = dst if pieces == 1 else dst[i * per:(i + 1) * per]
+            if core is not None:
+                # The same round, compiled (core/_round.c): it returns with the result, or with a
+                # late or odd peer, which the Python wait explains or raises for.
+                k = window.round + 1
+                late = core.all_reduce(k, piece, out, code, stamp, word, window.spin)
+                window.round = k
+                if late:
+                    settle(window, k, stamp, word, trouble, i, pieces)
+                    core.reduce(k, out, code)
+                continue
             slots = window.views(window.round + 1, piece.dtype, piece.size)
             slots[window.rank][...] = piece
             sync(window, stamp, word, trouble, i, pieces)
-            out = dst if pieces == 1 else dst[i * per:(i + 1) * per]
             combine(out, slots[0], slots[1])   # rank order: x0 OP x1 OP x2 ...
             for r in range(2, n):
                 reduce(out, slots[r])

@@ -166,13 +166,30 @@ _UFUNC = {
 Reducer = Callable[[np.ndarray, np.ndarray], None]
 
 
+# The compiled window round's reduction codes (core/_round.c: op * 7 + dtype). Floating types get
+# only sum and prod there: min/max of floats (NaN, signed zeros) keep numpy's own semantics.
+_ROUND_OPS = {ReduceOp.SUM: 0, ReduceOp.AVG: 0, ReduceOp.PREMUL_SUM: 0, ReduceOp.PROD: 1, ReduceOp.MIN: 2,
+              ReduceOp.MAX: 3, ReduceOp.BAND: 4, ReduceOp.BOR: 5, ReduceOp.BXOR: 6}
+_ROUND_TYPES = {"float32": 0, "float64": 1, "int8": 2, "int16": 3, "int32": 4, "int64": 5, "uint8": 6}
+
+
+def round_code(op: ReduceOp, dtype: DType) -> int:
+    """The compiled round's code for (op, dtype), or -1 where only the Python round applies."""
+    t = _ROUND_TYPES.get(dtype.name)
+    o = _ROUND_OPS[op]
+    if t is None or (dtype.is_float and o > 1):
+        return -1
+    return o * len(_ROUND_TYPES) + t
+
+
 class Reduction:
     """The kernels of one (op, dtype): ``r(dst, msg)`` computes dst = dst OP msg, ``r(dst, msg, own)``
-    computes dst = own OP msg (an out-of-place step: the own operand is read, never written)."""
-    __slots__ = ("reduce", "combine")
+    computes dst = own OP msg (an out-of-place step: the own operand is read, never written).
+    ``code``: the compiled window round's code for the pair (``round_code``), -1 if it has none."""
+    __slots__ = ("reduce", "combine", "code")
 
-    def __init__(self, reduce: Reducer, combine):
-        self.reduce, self.combine = reduce, combine
+    def __init__(self, reduce: Reducer, combine, code: int = -1):
+        self.reduce, self.combine, self.code = reduce, combine, code
 
     def __call__(self, dst: np.ndarray, msg: np.ndarray, own=None) -> None:
         if own is None:
@@ -185,7 +202,8 @@ def reducer(op: ReduceOp, dtype: DType) -> Reduction:
     """The ``Reduction`` for ``op`` on ``dtype``: ``r(dst, src)`` computes ``dst = dst OP src``."""
     found = _REDUCERS.get((op, dtype.name))
     if found is None:
-        found = _REDUCERS[(op, dtype.name)] = Reduction(_make_reducer(op, dtype), combiner(op, dtype))
+        found = _REDUCERS[(op, dtype.name)] = Reduction(_make_reducer(op, dtype), combiner(op, dtype),
+                                                        round_code(op, dtype))
     return found
 
 

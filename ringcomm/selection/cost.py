@@ -13,7 +13,8 @@ which is the inter-node one as soon as there are two nodes. Topology-aware algor
 Where every rank shares memory with every other, the transport may also offer a window (a
 mailbox per rank that all read in place); ``window`` prices one round of it for the one-shot
 algorithms, which are impossible (infinitely expensive) without one. Where ranks can also read
-each other's memory (CMA), ``direct`` prices one such read: alpha per read, beta per byte.
+each other's memory (CMA), ``direct`` prices one such read: alpha per read, beta per byte. Where
+the window's all-reduce round is compiled for the call's dtype, ``round`` prices that round.
 """
 from __future__ import annotations
 
@@ -48,6 +49,8 @@ class Network:
     window: Optional[Link] = None   # a shared window among all ranks (one node), if the transport has one
     window_bytes: int = 0           # its capacity per rank and round
     direct: Optional[Link] = None   # reading peers' memory in place through that window (CMA), if possible
+    round: Optional[Link] = None    # the compiled all-reduce round on that window (core/_round.c), if built;
+                                    # it reduces as it reads, so its beta carries the reduction (gamma 0)
     crowding: float = 1.0           # ranks per core on the busiest host (> 1: oversubscribed); see crowded()
 
     @property

@@ -12,6 +12,7 @@ import argparse
 import sys
 
 from .. import algorithms
+from ..core import compiled
 from ..errors import UsageError
 from ..transport.window import JOB_CAPACITY
 from .selector import Selector, describe
@@ -35,6 +36,9 @@ def main(argv=None) -> int:
     parser.add_argument("--inter", default="mpi", help="transport between nodes (default mpi)")
     parser.add_argument("--no-direct", action="store_true",
                         help="ranks cannot read each other's memory in place (CMA off): no direct algorithms")
+    parser.add_argument("--no-compiled", action="store_true",
+                        help="price the window's all-reduce round as Python (as a job with RINGCOMM_COMPILED=0, "
+                             "or an install without a C compiler, runs it)")
     parser.add_argument("--window", default=None,
                         help="shared-window bytes per rank (default: ringcomm's window when --intra is "
                              "shm or threads and all ranks share a node, else 0: none)")
@@ -59,7 +63,8 @@ def main(argv=None) -> int:
             selector.set_host(per_node, args.cores)
         choice = selector.explain(args.collective, nbytes, args.ranks, dtype=args.dtype,
                                   nodes=node_map(args.ranks, per_node), routes=(args.intra, args.inter),
-                                  window_bytes=window, direct=window > 0 and not args.no_direct)
+                                  window_bytes=window, direct=window > 0 and not args.no_direct,
+                                  compiled=window > 0 and compiled.enabled() and not args.no_compiled)
     except UsageError as err:
         print(f"ringcomm.explain: {err}", file=sys.stderr)
         return 2

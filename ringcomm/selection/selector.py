@@ -23,6 +23,7 @@ from functools import lru_cache
 from typing import Optional
 
 from .. import algorithms, env
+from ..core.ops import DTYPES, ReduceOp, round_code
 from ..errors import UsageError
 from .cost import Link, Network, crowded, crowded_reads, crowded_window
 from .tuning import DEFAULT_TUNING, Tuning, load_tuning
@@ -154,6 +155,13 @@ def configure_debug_logging() -> None:
     root._ringcomm_handler = True
 
 
+
+def compiles(dtype: str) -> bool:
+    """True when the compiled window round sums ``dtype`` (its pricing assumes a sum: the ops it
+    leaves to Python, min and max of floats, are rare in all-reduce)."""
+    found = DTYPES.get(dtype)
+    return found is not None and round_code(ReduceOp.SUM, found) >= 0
+
 class Selector:
     """Picks an algorithm per call. ``link`` (one Link for every transport) is kept for callers
     that model a single link; ``tuning`` carries per-transport links and per-dtype gammas."""
@@ -185,11 +193,12 @@ class Selector:
         return cls(forced=parse_forced(env.raw("RINGCOMM_ALGO")), tuning=load_tuning())
 
     def network(self, size: int, nodes=None, dtype: str = "float32", routes=("mpi", "mpi"),
-                window_bytes: int = 0, direct: bool = False) -> Network:
+                window_bytes: int = 0, direct: bool = False, compiled: bool = False) -> Network:
         """The links of a job; ``window_bytes`` > 0 when its transport offers a shared window
         (priced by the tuning's "<intra>-window" link), ``direct`` when that window can also read
-        peers' memory in place (the "<intra>-direct" link)."""
-        key = (size, nodes, dtype, routes, window_bytes, direct)
+        peers' memory in place (the "<intra>-direct" link), ``compiled`` when its all-reduce round
+        is compiled (the "<intra>-round" link, where the tuning has one and the dtype compiles)."""
+        key = (size, nodes, dtype, routes, window_bytes, direct, compiled)
         net = self._networks.get(key)
         if net is None:
             if self.link is not None:
@@ -198,15 +207,20 @@ class Selector:
                 intra, inter = (self.tuning.link(r, dtype) for r in routes)
             window = self.tuning.link(f"{routes[0]}-window", dtype) if window_bytes else None
             reads = self.tuning.link(f"{routes[0]}-direct", dtype) if window_bytes and direct else None
+            round_ = None   # crowded like a message link: its copies are all CPU work on a shared core
+            if window_bytes and compiled and f"{routes[0]}-round" in self.tuning.links and compiles(dtype):
+                round_ = self.tuning.link(f"{routes[0]}-round", dtype).with_gamma(0.0)
             c = self.ranks_per_core
             net = self._networks[key] = Network(crowded(intra, c), crowded(inter, c), local_sizes(nodes, size),
                                                 window=crowded_window(window, c), window_bytes=window_bytes,
-                                                direct=crowded_reads(reads, c), crowding=c)
+                                                direct=crowded_reads(reads, c), round=crowded(round_, c),
+                                                crowding=c)
         return net
 
     def explain(self, collective: str, nbytes: int, size: int, *, dtype: str = "float32", nodes=None,
-                routes=("mpi", "mpi"), window_bytes: int = 0, direct: bool = False) -> Choice:
-        net = self.network(size, nodes, dtype, routes, window_bytes, direct)
+                routes=("mpi", "mpi"), window_bytes: int = 0, direct: bool = False,
+                compiled: bool = False) -> Choice:
+        net = self.network(size, nodes, dtype, routes, window_bytes, direct, compiled)
         predicted = dict(predict(collective, nbytes, net))
         measured = self.tuning.measured_times(collective, nbytes, net.local_sizes, routes, dtype)
         choice = Choice(collective, nbytes, size, "", predicted, "", measured, net)
@@ -217,10 +231,10 @@ class Selector:
         return choice
 
     def _shape_of(self, transport, nodes) -> tuple:
-        """(routes, window bytes, direct reads) of a transport: routes_of and its window,
-        remembered per (transport, node map) since routes_of walks every peer."""
+        """(routes, window bytes, direct reads, compiled round) of a transport: routes_of and its
+        window, remembered per (transport, node map) since routes_of walks every peer."""
         if transport is None:
-            return ("mpi", "mpi"), 0, False
+            return ("mpi", "mpi"), 0, False, False
         cached = self._routes.get(id(transport))
         if cached is None or cached[0] is not transport or cached[1] != nodes \
                 or cached[3] != getattr(transport, "link_names", None):
@@ -228,8 +242,9 @@ class Selector:
             cached = self._routes[id(transport)] = (transport, nodes, routes_of(transport, nodes),
                                                     getattr(transport, "link_names", None),
                                                     0 if window is None else window.capacity,
-                                                    window is not None and window.reader is not None)
-        return cached[2], cached[4], cached[5]
+                                                    window is not None and window.reader is not None,
+                                                    window is not None and window.core is not None)
+        return cached[2], cached[4], cached[5], cached[6]
 
     def choose(self, collective: str, nbytes: int, size: int, *, dtype: str = "float32", nodes=None,
                transport=None, window: bool = True, uneven: bool = False) -> str:
@@ -239,14 +254,14 @@ class Selector:
         forced = self.forced.get(collective)
         if forced is not None:
             return forced
-        routes, window_bytes, direct = self._shape_of(transport, nodes)
+        routes, window_bytes, direct, compiled = self._shape_of(transport, nodes)
         window_bytes = window_bytes if window else 0
-        key = (collective, nbytes, size, dtype, nodes, routes, window_bytes, direct, uneven)
+        key = (collective, nbytes, size, dtype, nodes, routes, window_bytes, direct, compiled, uneven)
         name = self._memo.get(key)
         if name is None:
             if len(self._memo) >= MEMO_LIMIT:
                 self._memo.clear()
-            net = self.network(size, nodes, dtype, routes, window_bytes, direct)
+            net = self.network(size, nodes, dtype, routes, window_bytes, direct, compiled)
             measured = self.tuning.measured_times(collective, nbytes, net.local_sizes, routes, dtype)
             name = self._memo[key] = decide(dict(predict(collective, nbytes, net, uneven)), measured)[0]
         return name
@@ -269,6 +284,9 @@ def describe(choice: Choice) -> str:
                          f"{1 / net.window.beta / 1e9:.2f} GB/s, {net.window_bytes >> 10} KiB per rank and round")
         else:
             lines.append("  shared window: none (one_shot cannot run)")
+        if net.round is not None:
+            lines.append(f"  compiled all-reduce round: alpha {net.round.alpha * 1e6:.2f} us per round, "
+                         f"{1 / net.round.beta / 1e9:.2f} GB/s per byte written or read, reduction included")
         if net.direct is not None:
             lines.append(f"  direct reads of peers' memory: alpha {net.direct.alpha * 1e6:.2f} us per read, "
                          f"{1 / net.direct.beta / 1e9:.2f} GB/s")

@@ -373,11 +373,13 @@ def main(argv=None) -> int:
                       f"{fitted[0] * 1e6:.2f} us, plus {fitted[1] * 1e6:.1f} us per call")
         window = comm.transport.window
         if window is not None and "one_shot" in seconds:
-            fitted = fit_window(sizes, seconds["one_shot"], Tuning(links, gammas).link(intra_route).gamma,
-                                comm.size, window.capacity)
+            # The sweep ran the compiled round where there is one (it reduces as it reads: no gamma).
+            name = f"{intra_route}-round" if window.core is not None else f"{intra_route}-window"
+            gamma = 0.0 if window.core is not None else Tuning(links, gammas).link(intra_route).gamma
+            fitted = fit_window(sizes, seconds["one_shot"], gamma, comm.size, window.capacity)
             if fitted is not None:
-                links[f"{intra_route}-window"] = fitted
-                print(f"{intra_route}-window alpha {fitted[0] * 1e6:.2f} us   beta {1 / fitted[1] / 1e9:.2f} GB/s "
+                links[name] = fitted
+                print(f"{name} alpha {fitted[0] * 1e6:.2f} us   beta {1 / fitted[1] / 1e9:.2f} GB/s "
                       f"(from the one-shot sweep)")
         path = Path(args.out).expanduser() if args.out else default_path()
         # Keep the sweeps of other job shapes (tune at -n 2, then at -n 4, into one file).
@@ -399,8 +401,10 @@ def main(argv=None) -> int:
             print(f"{route:8s} alpha {a * 1e6:8.2f} us   beta {1 / b / 1e9:6.2f} GB/s")
         print("gamma    " + "  ".join(f"{k} {1 / v / 1e9:.2f} GB/s" for k, v in gammas.items()))
         model = Selector(tuning=Tuning(links, gammas))
+        window = comm.transport.window
         net = model.network(comm.size, topo.node_of, "float32", (intra_route, inter_route),
-                            0 if comm.transport.window is None else comm.transport.window.capacity)
+                            0 if window is None else window.capacity, window is not None and window.reader is not None,
+                            window is not None and window.core is not None)
         predicted = {name: [dict(predict("all_reduce", s, net))[name] for s in sizes] for name in seconds}
         print(f"{'bytes':>10}  {'measured best':<20}{'model best':<20}" + "".join(f"{n[:12]:>13}" for n in seconds))
         for i, s in enumerate(sizes):

@@ -36,6 +36,13 @@ DEFAULT_LINKS = {
     # the default gamma, one_shot's predicted 1 MiB time is what that sweep measured (309 us).
     "shm-window": (6e-6, 1 / 15.5e9),
     "threads-window": (20e-6, 1 / 4.0e9),
+    # shm-round: the compiled one-shot all-reduce round (core/_round.c) on the same window: alpha
+    # per round, beta per byte written or read per rank, its reduction included. Fitted to forced
+    # one_shot on 2 ranks of this VM (2026-12-01 08:00 UTC, benchmarks/allreduce_perf.py
+    # --algorithm one_shot,direct): 1 KiB 1.3 us a round, 64 KiB 23 us, 256 KiB 73 us, 1 MiB
+    # 184 us, 4 MiB 610-700 us, where direct took 610-660 us: the two tie at 4 MiB, and from
+    # 8 MiB one_shot's full reduction on every rank loses (64 MiB: 13-19 ms against 11-13).
+    "shm-round": (1.5e-6, 1 / 8.5e9),
     # Direct reads of a peer's buffer (the direct algorithms): a process_vm_readv system call.
     # Fitted to forced direct against one_shot runs of all four collectives at 64 KiB-16 MiB on
     # 2 ranks of this VM (2026-12-01 05:48 UTC): 8.5 GB/s, and 30 us per read, which also carries

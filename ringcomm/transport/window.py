@@ -26,6 +26,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from ..core.compiled import core_for
 from .polling import SPIN_SHARED, wait_polling
 
 POISON = -1              # the stamp of a rank that gave up (window stamps are never negative)
@@ -62,7 +63,10 @@ class Window:
         self.rank, self.size, self.capacity, self.reader = rank, len(regions), capacity, reader
         self._scratch = np.empty(0, np.uint8)
         self.round = 0
-        self._aborted, self._spin = aborted, spin
+        self._aborted, self.spin = aborted, spin
+        # The compiled one-shot all-reduce round over these same regions (core/_round.c), or None.
+        # It posts and reads rounds exactly as the methods below do, so either may run any round.
+        self.core = core_for(rank, regions, capacity)
         # Flags and stamps through memoryviews: an item access costs a third of numpy's.
         self._flags = [_words(r[:8]) for r in regions]
         self._stamps = [[_words(r[LINE + p * (LINE + capacity):][:8]) for p in (0, 1)] for r in regions]
@@ -142,7 +146,7 @@ class Window:
     def wait(self, k: int, timeout: float) -> Optional[int]:
         """Wait up to ``timeout`` seconds for every rank to post round ``k``: None once they all
         have, else the peer still missing. Raises PeerAbortedError if that peer gave up."""
-        if wait_polling(lambda: self.lagging(k) is None, timeout, lambda: self._gave_up(k), spin=self._spin):
+        if wait_polling(lambda: self.lagging(k) is None, timeout, lambda: self._gave_up(k), spin=self.spin):
             return None
         return self.lagging(k)
 

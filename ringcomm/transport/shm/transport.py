@@ -142,6 +142,7 @@ class _FaultWindow(Window):
     def __init__(self, *args, fire, **kwargs):
         super().__init__(*args, **kwargs)
         self._fire = fire
+        self.core = None   # the hook sits in publish(), which the compiled round does not call
 
     def publish(self, stamp, word=0):
         k = super().publish(stamp, word)

@@ -1,0 +1,327 @@
+/* The one-shot all-reduce round of a shared window, compiled.
+ *
+ * A 1 KiB all-reduce through the window is one flag store, n - 1 flag loads and a few hundred
+ * bytes of arithmetic, about a microsecond of work; in Python it took 5-7 us of interpreter time
+ * (slot views, publish, the wait, the stamp check, two ufunc calls). This file does exactly what
+ * algorithms/one_shot.py's Python round does, on the same window layout (transport/window.py),
+ * in one call. The algorithm stays in Python: one_shot.py decides when to use this, and every
+ * slow path (a peer late past the spin, a mismatch, a timeout, a peer that gave up) goes back to
+ * the Python code that explains it.
+ *
+ * Bitwise identity: every rank reduces the slots in rank order, element by element
+ * (x0 OP x1, then OP x2, ...), the same operations in the same order as numpy's ufuncs in the
+ * Python round, so compiled, Python and mixed ranks end with the same bits. Floating types get
+ * only + and * (IEEE-exact elementwise, no contraction: built with -ffp-contract=off); integers
+ * wrap as numpy's do (arithmetic in unsigned types). Everything else takes the Python round.
+ *
+ * Memory order: the payload, stamp and word are stored before the round flag with release
+ * semantics, and flags are loaded with acquire semantics, so a reader that sees round k sees
+ * what its owner wrote for round k, on any CPU.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define RELAX() _mm_pause()
+#elif defined(__aarch64__)
+#define RELAX() __asm__ __volatile__("yield" ::: "memory")
+#else
+#define RELAX() do {} while (0)
+#endif
+
+#define LINE 64
+
+/* Reduction codes: op * 8 + dtype (ringcomm/core/ops.py builds them; -1 means "not here"). */
+enum { OP_SUM, OP_PROD, OP_MIN, OP_MAX, OP_BAND, OP_BOR, OP_BXOR, N_OPS };
+enum { T_F32, T_F64, T_I8, T_I16, T_I32, T_I64, T_U8, N_TYPES };
+static const int ITEMSIZE[N_TYPES] = {4, 8, 1, 2, 4, 8, 1};
+
+typedef struct {
+    PyObject_HEAD
+    int rank, size;
+    Py_ssize_t capacity;
+    char **base;   /* rank r's region, as this process maps it */
+    char **slots;  /* scratch: one round's slots in rank order (one call runs at a time per window) */
+} Core;
+
+static inline int64_t *flag_of(const Core *c, int r) { return (int64_t *)c->base[r]; }
+static inline int64_t *slot_header(const Core *c, int r, int64_t k) {
+    return (int64_t *)(c->base[r] + LINE + (k & 1) * (LINE + c->capacity));
+}
+static inline char *payload(const Core *c, int r, int64_t k) {
+    return (char *)slot_header(c, r, k) + LINE;
+}
+
+static int lagging(const Core *c, int64_t k) {
+    for (int r = 0; r < c->size; r++)
+        if (r != c->rank && __atomic_load_n(flag_of(c, r), __ATOMIC_ACQUIRE) < k)
+            return r;
+    return -1;
+}
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* The first peer whose round-k slot carries another stamp or word, or -1. */
+static int odd_stamp(const Core *c, int64_t k, int64_t stamp, int64_t word) {
+    for (int r = 0; r < c->size; r++) {
+        if (r == c->rank) continue;
+        const int64_t *h = slot_header(c, r, k);
+        if (h[0] != stamp || h[1] != word) return r;
+    }
+    return -1;
+}
+
+/* out = s0 OP s1 OP ... in rank order: a first pass over two slots, then one more per rank, so
+ * each element sees the same sequence of operations as the Python round's ufunc calls. */
+#define PASS(T, EXPR)                                                            \
+    do {                                                                         \
+        T *restrict o = (T *)out;                                                \
+        const T *restrict a0 = (const T *)src[0], *restrict a1 = (const T *)src[1]; \
+        for (Py_ssize_t i = 0; i < count; i++) { T a = a0[i], b = a1[i]; o[i] = (EXPR); } \
+        for (int r = 2; r < n; r++) {                                            \
+            const T *restrict br = (const T *)src[r];                            \
+            for (Py_ssize_t i = 0; i < count; i++) { T a = o[i], b = br[i]; o[i] = (EXPR); } \
+        }                                                                        \
+    } while (0)
+
+/* Integers wrap like numpy's: add and multiply in the unsigned type W (wide enough that the
+ * product of two promoted operands cannot overflow a signed int), then truncate. */
+#define INT_OPS(T, U, W)                                                         \
+    switch (op) {                                                                \
+    case OP_SUM: PASS(T, (T)(U)((W)(U)a + (W)(U)b)); return 0;                   \
+    case OP_PROD: PASS(T, (T)(U)((W)(U)a * (W)(U)b)); return 0;                  \
+    case OP_MIN: PASS(T, a < b ? a : b); return 0;                               \
+    case OP_MAX: PASS(T, a > b ? a : b); return 0;                               \
+    case OP_BAND: PASS(T, (T)(a & b)); return 0;                                 \
+    case OP_BOR: PASS(T, (T)(a | b)); return 0;                                  \
+    case OP_BXOR: PASS(T, (T)(a ^ b)); return 0;                                 \
+    default: return -1;                                                          \
+    }
+
+#define FLOAT_OPS(T)                                                             \
+    switch (op) {                                                                \
+    case OP_SUM: PASS(T, a + b); return 0;                                       \
+    case OP_PROD: PASS(T, a * b); return 0;                                      \
+    default: return -1;                                                          \
+    }
+
+static int reduce_slots(int code, char *out, char *const *src, int n, Py_ssize_t count) {
+    int op = code / N_TYPES, type = code % N_TYPES;
+    if (n == 1) {   /* one rank: its own slot is the result */
+        memcpy(out, src[0], count * ITEMSIZE[type]);
+        return 0;
+    }
+    switch (type) {
+    case T_F32: FLOAT_OPS(float)
+    case T_F64: FLOAT_OPS(double)
+    case T_I8: INT_OPS(int8_t, uint8_t, uint32_t)
+    case T_I16: INT_OPS(int16_t, uint16_t, uint32_t)
+    case T_I32: INT_OPS(int32_t, uint32_t, uint32_t)
+    case T_I64: INT_OPS(int64_t, uint64_t, uint64_t)
+    case T_U8: INT_OPS(uint8_t, uint8_t, uint32_t)
+    }
+    return -1;
+}
+
+static int valid_code(long code) {
+    if (code < 0 || code >= N_OPS * N_TYPES) return 0;
+    int op = code / N_TYPES, type = code % N_TYPES;
+    return !((type == T_F32 || type == T_F64) && op > OP_PROD);
+}
+
+/* ---- Python glue ---------------------------------------------------------------------------- */
+
+static void core_dealloc(Core *self) {
+    PyMem_Free(self->base);
+    PyMem_Free(self->slots);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int core_init(Core *self, PyObject *args, PyObject *kwds) {
+    int rank;
+    Py_ssize_t capacity;
+    PyObject *addresses;
+    if (!PyArg_ParseTuple(args, "inO!", &rank, &capacity, &PyTuple_Type, &addresses)) return -1;
+    Py_ssize_t size = PyTuple_GET_SIZE(addresses);
+    if (size < 1 || size > 65536 || rank < 0 || rank >= size || capacity <= 0) {
+        PyErr_Format(PyExc_ValueError, "Core: rank %d of %zd regions, capacity %zd", rank, size, capacity);
+        return -1;
+    }
+    char **base = PyMem_Calloc(size, sizeof(char *)), **slots = PyMem_Calloc(size, sizeof(char *));
+    if (base == NULL || slots == NULL) {
+        PyMem_Free(base);
+        PyMem_Free(slots);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t r = 0; r < size; r++) {
+        base[r] = PyLong_AsVoidPtr(PyTuple_GET_ITEM(addresses, r));
+        if (base[r] == NULL) {
+            PyMem_Free(base);
+            PyMem_Free(slots);
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "Core: a region address is NULL");
+            return -1;
+        }
+    }
+    PyMem_Free(self->base);
+    PyMem_Free(self->slots);
+    self->base = base;
+    self->slots = slots;
+    self->rank = rank;
+    self->size = (int)size;
+    self->capacity = capacity;
+    return 0;
+}
+
+/* The slots of round k, in rank order. */
+static char *const *slots_of(const Core *c, int64_t k) {
+    for (int r = 0; r < c->size; r++) c->slots[r] = payload(c, r, k);
+    return c->slots;
+}
+
+static int ready(const Core *c) {
+    if (c->base != NULL) return 1;
+    PyErr_SetString(PyExc_RuntimeError, "Core: not initialised");
+    return 0;
+}
+
+static int get_buffers(PyObject *const *args, Py_buffer *in, Py_buffer *out, Py_ssize_t capacity) {
+    if (PyObject_GetBuffer(args[0], in, PyBUF_C_CONTIGUOUS) < 0) return -1;
+    if (PyObject_GetBuffer(args[1], out, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(in);
+        return -1;
+    }
+    if (in->len != out->len || in->len > capacity) {
+        PyErr_Format(PyExc_ValueError, "all_reduce round: %zd bytes in, %zd out, window slot %zd",
+                     in->len, out->len, capacity);
+        PyBuffer_Release(in);
+        PyBuffer_Release(out);
+        return -1;
+    }
+    return 0;
+}
+
+/* all_reduce(k, src, dst, code, stamp, word, spin) -> status
+ * Posts round k (src copied into this rank's slot, then stamp, word and the flag), polls the
+ * peers' flags for up to ``spin`` seconds with the GIL released, and, if all posted with the same
+ * stamp and word, writes the reduction of the slots into dst. Status: 0 done; r + 1 when peer r
+ * has not posted yet (the round is posted: the caller waits, checks and calls reduce(k, ...));
+ * -(r + 1) when peer r posted another stamp or word (nothing reduced). */
+static PyObject *core_all_reduce(Core *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (!ready(self)) return NULL;
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "all_reduce(k, src, dst, code, stamp, word, spin)");
+        return NULL;
+    }
+    int64_t k = PyLong_AsLongLong(args[0]);
+    long code = PyLong_AsLong(args[3]);
+    int64_t stamp = PyLong_AsLongLong(args[4]), word = PyLong_AsLongLong(args[5]);
+    double spin = PyFloat_AsDouble(args[6]);
+    if (PyErr_Occurred()) return NULL;
+    if (!valid_code(code)) return PyErr_Format(PyExc_ValueError, "all_reduce round: reduction code %ld", code);
+    Py_buffer in, out;
+    if (get_buffers(args + 1, &in, &out, self->capacity) < 0) return NULL;
+    Py_ssize_t count = in.len / ITEMSIZE[code % N_TYPES];
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    int64_t *mine = slot_header(self, self->rank, k);
+    memcpy(payload(self, self->rank, k), in.buf, in.len);
+    mine[0] = stamp;
+    mine[1] = word;
+    __atomic_store_n(flag_of(self, self->rank), k, __ATOMIC_RELEASE);
+    int late = lagging(self, k);
+    if (late >= 0 && spin > 0) {
+        double until = now() + spin;
+        for (unsigned i = 1; late >= 0; i++) {
+            RELAX();
+            late = lagging(self, k);
+            if (late >= 0 && (i & 63) == 0 && now() >= until) break;
+        }
+    }
+    if (late >= 0) {
+        status = late + 1;
+    } else {
+        int odd = odd_stamp(self, k, stamp, word);
+        if (odd >= 0) {
+            status = -(odd + 1);
+        } else {
+            reduce_slots((int)code, out.buf, slots_of(self, k), self->size, count);
+            status = 0;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&in);
+    PyBuffer_Release(&out);
+    return PyLong_FromLong(status);
+}
+
+/* reduce(k, dst, code): dst = the reduction of round k's slots (every peer has posted it, and
+ * the caller checked their stamps). */
+static PyObject *core_reduce(Core *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (!ready(self)) return NULL;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "reduce(k, dst, code)");
+        return NULL;
+    }
+    int64_t k = PyLong_AsLongLong(args[0]);
+    long code = PyLong_AsLong(args[2]);
+    if (PyErr_Occurred()) return NULL;
+    if (!valid_code(code)) return PyErr_Format(PyExc_ValueError, "all_reduce round: reduction code %ld", code);
+    Py_buffer out;
+    if (PyObject_GetBuffer(args[1], &out, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) return NULL;
+    if (out.len > self->capacity) {
+        PyBuffer_Release(&out);
+        return PyErr_Format(PyExc_ValueError, "all_reduce round: %zd bytes, window slot %zd", out.len, self->capacity);
+    }
+    Py_BEGIN_ALLOW_THREADS
+    reduce_slots((int)code, out.buf, slots_of(self, k), self->size, out.len / ITEMSIZE[code % N_TYPES]);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&out);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef core_methods[] = {
+    {"all_reduce", (PyCFunction)(void (*)(void))core_all_reduce, METH_FASTCALL,
+     "all_reduce(k, src, dst, code, stamp, word, spin) -> 0 done, r+1 peer r late, -(r+1) peer r differs"},
+    {"reduce", (PyCFunction)(void (*)(void))core_reduce, METH_FASTCALL,
+     "reduce(k, dst, code): dst = the reduction of round k's slots, in rank order"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject CoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "ringcomm.core._round.Core",
+    .tp_basicsize = sizeof(Core),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Core(rank, capacity, addresses): the compiled all-reduce round of one window",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)core_init,
+    .tp_dealloc = (destructor)core_dealloc,
+    .tp_methods = core_methods,
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_round", "The compiled one-shot all-reduce round (see _round.c).", -1, NULL,
+};
+
+PyMODINIT_FUNC PyInit__round(void) {
+    if (PyType_Ready(&CoreType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    Py_INCREF(&CoreType);
+    if (PyModule_AddObject(m, "Core", (PyObject *)&CoreType) < 0) {
+        Py_DECREF(&CoreType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    PyModule_AddIntConstant(m, "TYPES", N_TYPES);
+    return m;
+}
