@@ -23,6 +23,9 @@ import threading
 import time
 from typing import Optional
 
+import numpy as np
+
+from .algorithms.one_shot import OneShot, compiled_round
 from .core.envelope import SEQ_MOD, STAMP_COUNT_SHIFT, Envelope
 from .core.executor import WindowGuard
 from .core.ops import ReduceOp, finish_avg
@@ -48,16 +51,24 @@ def _guard(buf):
 
 class WindowRound:
     """One in-place window all-reduce of a fixed buffer, run inline with nothing but the round."""
-    __slots__ = ("comm", "buf", "valid", "flat", "algorithm", "name", "reducer", "shape", "static", "count",
-                 "avg", "dname", "code")
+    __slots__ = ("comm", "buf", "valid", "flat", "algorithm", "name", "reducer", "shape", "stamp", "count",
+                 "avg", "dname", "code", "window", "core")
 
     def __init__(self, comm, call, plan):
         self.comm, self.buf, self.valid = comm, call.inp, _guard(call.inp)
         self.flat, self.algorithm, self.name = call.inp.flat, plan.window, plan.algorithm
         self.reducer, self.shape = plan.reduce, plan.shape
-        self.static, self.count, self.code = plan.static, call.count, call.collective.code
+        self.count, self.code = call.count, call.collective.code
+        self.stamp = call.count << STAMP_COUNT_SHIFT | plan.static   # the sequence number goes in per call
         self.avg = call.op is ReduceOp.AVG
         self.dname = call.dtype.name
+        # The compiled round, called straight from here when it applies (one_shot.run would pick
+        # it too, after checks that cannot change for this buffer).
+        window, flat = comm.transport.window, self.flat
+        self.window, self.core = window, None
+        if window is not None and window.core is not None and isinstance(plan.window, OneShot) \
+                and plan.reduce.code >= 0 and type(flat) is np.ndarray and flat.nbytes <= window.capacity:
+            self.core = window.core
 
     def run(self):
         """The result, or _SLOW when the ordinary road must take the call (something is queued,
@@ -76,9 +87,13 @@ class WindowRound:
             with engine.exec:
                 comm._entry = entry
                 entry.state, entry.started, entry.algorithm = "running", time.monotonic(), self.name
-                self.algorithm.run(comm.transport.window, self.flat, self.flat, self.shape, self.reducer,
-                                   self.count << STAMP_COUNT_SHIFT | (seq % SEQ_MOD) << 19 | self.static, 0,
-                                   self._trouble)
+                stamp = self.stamp | (seq % SEQ_MOD) << 19
+                if self.core is not None:
+                    compiled_round(self.window, self.core, self.flat, self.flat, self.reducer.code, stamp, 0,
+                                   self._trouble, 0, 1)
+                else:
+                    self.algorithm.run(self.window, self.flat, self.flat, self.shape, self.reducer, stamp, 0,
+                                       self._trouble)
                 if self.avg:
                     finish_avg(self.flat, self.buf.dtype, comm.size)
                 entry.state, entry.ended = "done", time.monotonic()

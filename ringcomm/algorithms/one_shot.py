@@ -39,24 +39,20 @@ class OneShot(WindowAlgorithm):
 
     def run(self, window, src, dst, shape, reducer, stamp, word, trouble) -> None:
         """All-reduce ``src`` (non-empty) into ``dst`` (``src`` itself for an in-place call)."""
-        n, per = window.size, window.capacity // src.itemsize
-        pieces = pieces_of(src.size, per)
         core, code = window.core, reducer.code
         if core is None or code < 0 or type(src) is not np.ndarray:
             core = None
+        elif src.nbytes <= window.capacity:   # the small call, first and shortest
+            compiled_round(window, core, src, dst, code, stamp, word, trouble, 0, 1)
+            return
+        n, per = window.size, window.capacity // src.itemsize
+        pieces = pieces_of(src.size, per)
         reduce, combine = reducer.reduce, reducer.combine
         for i in range(pieces):
             piece = src if pieces == 1 else src[i * per:(i + 1) * per]
             out = dst if pieces == 1 else dst[i * per:(i + 1) * per]
             if core is not None:
-                # The same round, compiled (core/_round.c): it returns with the result, or with a
-                # late or odd peer, which the Python wait explains or raises for.
-                k = window.round + 1
-                late = core.all_reduce(k, piece, out, code, stamp, word, window.spin)
-                window.round = k
-                if late:
-                    settle(window, k, stamp, word, trouble, i, pieces)
-                    core.reduce(k, out, code)
+                compiled_round(window, core, piece, out, code, stamp, word, trouble, i, pieces)
                 continue
             slots = window.views(window.round + 1, piece.dtype, piece.size)
             slots[window.rank][...] = piece
@@ -64,3 +60,14 @@ class OneShot(WindowAlgorithm):
             combine(out, slots[0], slots[1])   # rank order: x0 OP x1 OP x2 ...
             for r in range(2, n):
                 reduce(out, slots[r])
+
+
+def compiled_round(window, core, piece, out, code, stamp, word, trouble, i, pieces) -> None:
+    """The same round, compiled (core/_round.c): it returns with the result, or with a late or
+    odd peer, which the Python wait explains or raises for before the slots are reduced."""
+    k = window.round + 1
+    late = core.all_reduce(k, piece, out, code, stamp, word, window.spin)
+    window.round = k
+    if late:
+        settle(window, k, stamp, word, trouble, i, pieces)
+        core.reduce(k, out, code)
