@@ -1,17 +1,21 @@
 """One-shot reduce-scatter through a shared window: each rank reduces its part out of every slot.
 
-Round i: every rank copies the i-th piece of every rank's part of its input (q = C/n elements
-of each, fewer or none once a part is done) side by side into its window slot and posts the
-round; once all have posted, rank r reduces piece i of part r straight out of the slots, always
-in rank order (x0 OP x1 OP ...), into its output. Laying each round out across all parts keeps
-every rank busy in every round, instead of rank r idling through the rounds of others' parts.
+Round i: every rank copies the i-th piece of every other rank's part of its input (q = C/(n-1)
+elements of each, fewer or none once a part is done) side by side into its window slot and posts
+the round; once all have posted, rank r reduces piece i of part r out of the peers' slots and its
+own input, always in rank order (x0 OP x1 OP ...), into its output. Laying each round out across
+all parts keeps every rank busy in every round, instead of rank r idling through the rounds of
+others' parts; leaving a rank's own part out of its slot saves S/n of copying and, on 2 ranks,
+half the rounds.
 
-Bytes per rank: S written, S read (S = the input size), (n-1)/n S reduced. Cost: ceil(S/C)
-alpha_w + 2 S beta_w + (n-1)/n S gamma on the window link.
+Bytes per rank: (n-1)/n S written, S read (S = the input size), (n-1)/n S reduced. Cost:
+ceil(S (n-1)/n / C) alpha_w + (2n-1)/n S beta_w + (n-1)/n S gamma on the window link.
 """
 from __future__ import annotations
 
 import math
+
+import numpy as np
 
 from ..core.schedule import layout
 from ..selection.cost import Network
@@ -25,28 +29,40 @@ class OneShotReduceScatter(WindowAlgorithm):
 
     def seconds(self, nbytes, net: Network) -> float:
         n = net.size
-        return (math.ceil(nbytes / net.window_bytes) * net.window.alpha + 2 * nbytes * net.window.beta
-                + (n - 1) / n * nbytes * net.gamma)
+        sent = nbytes * (n - 1) / n
+        return (math.ceil(sent / net.window_bytes) * net.window.alpha + (sent + nbytes) * net.window.beta
+                + sent * net.gamma)
 
     def run(self, window, src, dst, shape, reducer, stamp, word, trouble) -> None:
         parts, me, n = layout(shape), window.rank, window.size
-        q = max(1, window.capacity // src.itemsize // n)
+        q = max(1, window.capacity // src.itemsize // max(1, n - 1))
         pieces = pieces_of(max(c for _, c in parts), q)
         reduce, combine = reducer.reduce, reducer.combine
-        mine = parts[me][1]
+        own, mine = parts[me]
+        # out may be exactly this rank's part of x: from rank 2 on, the first combine would
+        # overwrite that part before the rank-order reduction reaches it, so read a copy then.
+        aliased = me >= 2 and mine > 0 and np.may_share_memory(dst, src)
         for i in range(pieces):
             lo = i * q
-            slot = window.next_slot(src.dtype, n * q)
+            slot = window.next_slot(src.dtype, (n - 1) * q)
             for r, (o, c) in enumerate(parts):
                 m = min(q, c - lo)
-                if m > 0:
-                    slot[r * q:r * q + m] = src[o + lo:o + lo + m]
+                if m > 0 and r != me:
+                    at = (r - (r > me)) * q   # peers' parts in rank order, this rank's left out
+                    slot[at:at + m] = src[o + lo:o + lo + m]
             k = sync(window, stamp, word, trouble, i, pieces)
             m = min(q, mine - lo)
             if m <= 0:
                 continue
-            slots = [s[me * q:me * q + m] for s in window.views(k, src.dtype, n * q)]
+            at = me * q
+            views = window.views(k, src.dtype, (n - 1) * q)
+            mine_now = src[own + lo:own + lo + m]
+            if aliased:
+                mine_now = mine_now.copy()
+            # rank w's slot holds this rank's piece at (me - (me > w)) q: at me q below w, one back above
+            operands = [mine_now if w == me else views[w][at - q * (me > w):at - q * (me > w) + m]
+                        for w in range(n)]
             out = dst[lo:lo + m]
-            combine(out, slots[0], slots[1])   # rank order: x0 OP x1 OP x2 ...
+            combine(out, operands[0], operands[1])   # rank order: x0 OP x1 OP x2 ...
             for r in range(2, n):
-                reduce(out, slots[r])
+                reduce(out, operands[r])
