@@ -31,7 +31,7 @@ from .core.streams import scope_for
 from .diagnostics import preflight
 from .diagnostics.flight_recorder import FlightRecorder
 from .errors import CommError, CommTimeoutError, MismatchError, PeerAbortedError, UsageError, bad_type, bad_value
-from .persistent import _SLOW, FastCalls, Persistent, fast_round
+from .persistent import _SLOW, FastCalls, Persistent
 from .selection.selector import Selector
 from .transport.base import Transport
 from .transport.devices import cupy_installed
@@ -84,7 +84,7 @@ class Communicator:
         self.recorder = FlightRecorder(self.rank)
         self._entry = None                 # flight-recorder entry of the running call
         self._plans: dict = {}            # call shape -> what _plan worked out for it
-        self._fast = FastCalls()           # small in-place all_reduce calls seen before (persistent.py)
+        self._fast = FastCalls()           # blocking window calls on buffers seen before (persistent.py)
         self._devices: Optional[tuple] = None   # see ``devices``
         self._plans_for = self.selector
         self.debug = env.get("RINGCOMM_DEBUG")
@@ -100,19 +100,13 @@ class Communicator:
     def all_reduce(self, x, op="sum", *, out=None, algorithm=None, async_op=False):
         """Every rank ends with the reduction of every rank's x (in x, or in ``out``)."""
         plain = out is None and algorithm is None and not async_op
+        key = ("all_reduce", id(x), op)
         if plain:   # a small in-place call on an array seen before: the persistent road (persistent.py)
-            fast = self._fast.get(x, op)
-            if fast is not None:
-                result = fast.run()
-                if result is not _SLOW:
-                    return result
+            result = self._fast_run(key, (x,))
+            if result is not _SLOW:
+                return result
         call = ALL_REDUCE.prepare(self, x, op, out)
-        result = self._start(call, algorithm, async_op)
-        if plain and call.in_place and self.size > 1:
-            window = fast_round(self, call, self._plan_for(call, None))
-            if window is not None:
-                self._fast.remember(x, op, window)
-        return result
+        return self._start_and_learn(call, algorithm, async_op, key if plain else None, (x,))
 
     def all_reduce_init(self, x, op="sum", *, out=None, algorithm=None) -> Persistent:
         """A persistent all_reduce (MPI_Allreduce_init): checked and planned now, run by ``p()``
@@ -122,7 +116,10 @@ class Communicator:
 
     def broadcast(self, x, root=0, *, algorithm=None, async_op=False):
         """Every rank's x becomes root's x."""
-        return self._start(BROADCAST.prepare(self, x, root), algorithm, async_op)
+        key = ("broadcast", id(x), root) if algorithm is None and not async_op else None
+        if key is not None and (result := self._fast_run(key, (x,))) is not _SLOW:
+            return result
+        return self._start_and_learn(BROADCAST.prepare(self, x, root), algorithm, async_op, key, (x,))
 
     def reduce(self, x, root=0, op="sum", *, out=None, algorithm=None, async_op=False):
         """Root ends with the reduction (in its x, or in ``out`` on root); no other rank's x changes."""
@@ -130,23 +127,42 @@ class Communicator:
 
     def all_gather(self, out, x, *, counts=None, algorithm=None, async_op=False):
         """out = every rank's x, concatenated in rank order (``counts``: per-rank sizes)."""
-        return self._start(ALL_GATHER.prepare(self, out, x, counts), algorithm, async_op)
+        key = ("all_gather", id(out), id(x)) if counts is None and algorithm is None and not async_op else None
+        if key is not None and (result := self._fast_run(key, (out, x))) is not _SLOW:
+            return result
+        return self._start_and_learn(ALL_GATHER.prepare(self, out, x, counts), algorithm, async_op, key, (out, x))
 
     def reduce_scatter(self, out, x, op="sum", *, counts=None, algorithm=None, async_op=False):
         """out = this rank's part of the reduction of every rank's x (``counts``: per-rank parts)."""
-        return self._start(REDUCE_SCATTER.prepare(self, out, x, op, counts), algorithm, async_op)
+        key = ("reduce_scatter", id(out), id(x), op) if counts is None and algorithm is None and not async_op \
+            else None
+        if key is not None and (result := self._fast_run(key, (out, x))) is not _SLOW:
+            return result
+        return self._start_and_learn(REDUCE_SCATTER.prepare(self, out, x, op, counts), algorithm, async_op, key,
+                                     (out, x))
 
     def all_to_all(self, out, x, out_splits=None, in_splits=None, *, algorithm=None, async_op=False):
         """Block j of x goes to rank j; out holds every rank's block for this rank, in rank order."""
-        return self._start(ALL_TO_ALL.prepare(self, out, x, out_splits, in_splits), algorithm, async_op)
+        even = out_splits is None and in_splits is None
+        key = ("all_to_all", id(out), id(x)) if even and algorithm is None and not async_op else None
+        if key is not None and (result := self._fast_run(key, (out, x))) is not _SLOW:
+            return result
+        return self._start_and_learn(ALL_TO_ALL.prepare(self, out, x, out_splits, in_splits), algorithm, async_op,
+                                     key, (out, x))
 
     def gather(self, out, x, root=0, *, algorithm=None, async_op=False):
         """Root's out = every rank's x, concatenated in rank order (out None on other ranks)."""
-        return self._start(GATHER.prepare(self, out, x, root), algorithm, async_op)
+        key = ("gather", id(out), id(x), root) if algorithm is None and not async_op else None
+        if key is not None and (result := self._fast_run(key, (out, x))) is not _SLOW:
+            return result
+        return self._start_and_learn(GATHER.prepare(self, out, x, root), algorithm, async_op, key, (out, x))
 
     def scatter(self, out, x, root=0, *, algorithm=None, async_op=False):
         """out = block ``rank`` of root's x (x None on other ranks)."""
-        return self._start(SCATTER.prepare(self, out, x, root), algorithm, async_op)
+        key = ("scatter", id(out), id(x), root) if algorithm is None and not async_op else None
+        if key is not None and (result := self._fast_run(key, (out, x))) is not _SLOW:
+            return result
+        return self._start_and_learn(SCATTER.prepare(self, out, x, root), algorithm, async_op, key, (out, x))
 
     def barrier(self, *, algorithm=None, async_op=False):
         return self._start(BARRIER.prepare(self), algorithm, async_op)
@@ -347,6 +363,20 @@ class Communicator:
         return self.transport.window if call.device == "cpu" else None
 
     # ---- execution --------------------------------------------------------------------------------
+    def _fast_run(self, key: tuple, objs: tuple):
+        """Run a blocking call on buffers seen before by the road remembered for it (persistent.py);
+        _SLOW when there is none or it does not apply now."""
+        fast = self._fast.get(key, objs)
+        return _SLOW if fast is None else fast.run()
+
+    def _start_and_learn(self, call: Call, algorithm, async_op: bool, key: Optional[tuple], objs: tuple):
+        """Run the call; if ``key`` is given and the call qualifies, remember its road for the next
+        blocking call with the same arguments."""
+        result = self._start(call, algorithm, async_op)
+        if key is not None and self.size > 1:
+            self._fast.remember(key, objs, self, call)
+        return result
+
     def _start(self, call: Call, algorithm, async_op: bool):
         return self._start_prepared(call, self._check_algorithm(call, algorithm), async_op)
 

@@ -13,32 +13,40 @@ tensor that was resized or re-pointed since raises UsageError). Then it runs exa
 ordinary call would, with the same sequence numbers, envelope and window stamps, so ranks may mix
 persistent and ordinary calls freely.
 
-The ordinary ``comm.all_reduce(x)`` keeps a few of these for small in-place calls on arrays it
-has seen (``FastCalls``): the default path of a training or benchmark loop that reduces the same
-small buffer again and again takes the persistent road without the user asking.
+The ordinary blocking calls keep a few of these (``FastCalls``): ``all_reduce(x)`` in place,
+``broadcast``, ``all_gather``, ``reduce_scatter``, ``all_to_all``, ``gather`` and ``scatter``
+with even counts, up to 1 MiB, whose plan is a window algorithm. The second call on the very
+same buffer objects is remembered, the third and later take the persistent road without the
+user asking: the default path of a training or benchmark loop that moves the same buffers again
+and again skips ~20-45 us of argument checks and planning per call. The memo holds the buffers
+of at most 16 calls and 8 MiB alive; ``*_init`` is the explicit form, with no such limits.
 """
 from __future__ import annotations
 
 import threading
 import time
+import weakref
 from typing import Optional
 
 import numpy as np
 
 from .algorithms.one_shot import OneShot, compiled_round
-from .core.envelope import SEQ_MOD, STAMP_COUNT_SHIFT, Envelope
+from .core.envelope import Envelope, window_stamp
 from .core.executor import WindowGuard
-from .core.ops import ReduceOp, finish_avg
+from .core.ops import ReduceOp
 from .errors import CommError, PeerAbortedError, UsageError
 
 _current = threading.current_thread
+_NONE = type(None)   # called, gives None: the "weak reference" of an absent buffer (gather's out off root)
 _SLOW = object()          # "take the ordinary road" (a fast call that does not apply right now)
-FAST_LIMIT = 64 << 10     # bytes: above this, Python's per-call cost is noise next to the transfer
-FAST_ENTRIES = 16         # arrays the implicit memo remembers (it holds them alive: small ones only)
+FAST_LIMIT = 1 << 20      # bytes of a call: above this, Python's per-call cost is noise next to the transfer
+FAST_ENTRIES = 16         # calls the implicit memo remembers
+FAST_BYTES = 8 << 20      # buffer bytes it may keep alive in all (the oldest calls are forgotten first)
 
 
-def _guard(buf):
-    """A callable that is True while ``buf``'s object still is the memory it was validated as."""
+def _guard(buf, written: bool = True):
+    """A callable that is True while ``buf``'s object still is the memory it was validated as
+    (and, if the call writes it, still writable)."""
     obj = buf.obj
     if buf.kind == "torch":
         ptr, numel, dtype = obj.data_ptr(), obj.numel(), obj.dtype
@@ -46,25 +54,33 @@ def _guard(buf):
             and obj.is_contiguous()
     shape, dtype, strides = obj.shape, obj.dtype, obj.strides
     # A numpy array cannot move its data while we hold it (ndarray.resize refuses referenced arrays).
+    if not written:
+        return lambda: obj.dtype is dtype and obj.shape == shape and obj.strides == strides
     return lambda: obj.dtype is dtype and obj.shape == shape and obj.strides == strides and obj.flags.writeable
 
 
-class WindowRound:
-    """One in-place window all-reduce of a fixed buffer, run inline with nothing but the round."""
-    __slots__ = ("comm", "buf", "valid", "flat", "algorithm", "name", "reducer", "shape", "stamp", "count",
-                 "avg", "dname", "code", "window", "core")
+def guard_of(call):
+    """A callable that is True while the call's buffers still are the memory it validated."""
+    guards = [_guard(b, written) for b, written in ((call.inp, call.in_place), (call.out, True)) if b is not None]
+    return guards[0] if len(guards) == 1 else (lambda: all(g() for g in guards))
 
-    def __init__(self, comm, call, plan):
-        self.comm, self.buf, self.valid = comm, call.inp, _guard(call.inp)
-        self.flat, self.algorithm, self.name = call.inp.flat, plan.window, plan.algorithm
-        self.reducer, self.shape = plan.reduce, plan.shape
-        self.count, self.code = call.count, call.collective.code
-        self.stamp = call.count << STAMP_COUNT_SHIFT | plan.static   # the sequence number goes in per call
-        self.avg = call.op is ReduceOp.AVG
-        self.dname = call.dtype.name
-        # The compiled round, called straight from here when it applies (one_shot.run would pick
-        # it too, after checks that cannot change for this buffer).
-        window, flat = comm.transport.window, self.flat
+
+class WindowCall:
+    """One window collective on fixed buffers, run inline with nothing but its rounds."""
+    __slots__ = ("comm", "call", "valid", "inp", "out", "algorithm", "name", "reducer", "shape", "static",
+                 "count", "word", "dname", "code", "finish", "window", "core")
+
+    def __init__(self, comm, call, plan, valid=None):
+        self.comm, self.call = comm, call
+        self.valid = valid or guard_of(call)
+        self.inp, self.out = call.arrays()
+        self.algorithm, self.name, self.reducer, self.shape = plan.window, plan.algorithm, plan.reduce, plan.shape
+        self.static, self.count, self.word = plan.static, plan.count, plan.word
+        self.code, self.dname = call.collective.code, call.dtype.name
+        self.finish = call.op is ReduceOp.AVG   # the sum divided afterwards (Collective.after)
+        # The compiled all-reduce round, called straight from here when it applies (one_shot.run
+        # would pick it too, after checks that cannot change for these buffers).
+        window, flat = comm.transport.window, self.inp
         self.window, self.core = window, None
         if window is not None and window.core is not None and isinstance(plan.window, OneShot) \
                 and plan.reduce.code >= 0 and type(flat) is np.ndarray and flat.nbytes <= window.capacity:
@@ -73,7 +89,7 @@ class WindowRound:
     def run(self):
         """The result, or _SLOW when the ordinary road must take the call (something is queued,
         the communicator failed or closed: that road raises the right error)."""
-        comm = self.comm
+        comm, call = self.comm, self.call
         engine = comm.engine
         with engine.state:
             if engine.outstanding or comm._broken is not None or comm._closed:
@@ -82,24 +98,24 @@ class WindowRound:
             engine.outstanding = 1
             seq = comm._seq
             comm._seq = seq + 1
-        entry = comm.recorder.record(seq, "all_reduce", self.count, self.dname)
+        entry = comm.recorder.record(seq, call.collective.name, call.count, self.dname)
         try:
             with engine.exec:
                 comm._entry = entry
                 entry.state, entry.started, entry.algorithm = "running", time.monotonic(), self.name
-                stamp = self.stamp | (seq % SEQ_MOD) << 19
+                stamp = window_stamp(seq, self.static, self.count)
                 if self.core is not None:
-                    compiled_round(self.window, self.core, self.flat, self.flat, self.reducer.code, stamp, 0,
+                    compiled_round(self.window, self.core, self.inp, self.out, self.reducer.code, stamp, 0,
                                    self._trouble, 0, 1)
                 else:
-                    self.algorithm.run(self.window, self.flat, self.flat, self.shape, self.reducer, stamp, 0,
-                                       self._trouble)
-                if self.avg:
-                    finish_avg(self.flat, self.buf.dtype, comm.size)
+                    self.algorithm.run(self.window, self.inp, self.out, self.shape, self.reducer, stamp,
+                                       self.word, self._trouble)
+                if self.finish:
+                    call.collective.after(call, comm.rank, comm.size)
                 entry.state, entry.ended = "done", time.monotonic()
         except PeerAbortedError as err:
             entry.state = "failed: PeerAbortedError"
-            err = comm._with_reason(err, f"all_reduce #{seq} on rank {comm.rank}")
+            err = comm._with_reason(err, f"{call.collective.name} #{seq} on rank {comm.rank}")
             comm._fail(err)
             raise err
         except CommError as err:
@@ -108,48 +124,97 @@ class WindowRound:
             raise
         finally:
             engine.done()
-        return self.buf.obj
+        return call.result
 
     def _trouble(self) -> WindowGuard:
         """The guard of the running round (built only when a round stalls or mismatches)."""
-        entry = self.comm._entry
-        what = f"all_reduce #{entry.seq} ({self.name}, {self.count} x {self.dname})"
+        entry, call = self.comm._entry, self.call
+        what = f"{call.collective.name} #{entry.seq} ({self.name}, {call.count} x {self.dname})"
         return WindowGuard(self.comm.transport, Envelope(entry.seq, self.code, self.dname, self.count),
-                           self.comm.timeout, what, entry.started, self.count)
+                           self.comm.timeout, what, entry.started, self.count, self.word,
+                           call.collective.describe_word)
 
 
 class FastCalls:
-    """The implicit memo of ``comm.all_reduce``: small in-place calls on arrays seen before."""
-    __slots__ = ("rounds",)
+    """The implicit memo of the blocking collectives: window calls on buffers seen before.
+
+    Keyed by the call's arguments as passed (the buffers' ids, op, root); a hit also checks that
+    the buffers are the very objects remembered and still the memory that was validated. A call
+    is remembered, as it was prepared and planned, when it comes a second time on the same
+    buffers, and its WindowCall is built when it comes a third. The memo keeps its buffers alive,
+    so it holds few and small ones (FAST_ENTRIES, FAST_LIMIT, FAST_BYTES)."""
+    __slots__ = ("calls", "pinned", "lock", "seen")
 
     def __init__(self):
-        self.rounds: dict = {}   # (id(x), op as passed) -> (x, WindowRound)
+        self.calls: dict = {}   # key -> [buffers as passed, WindowCall or its arguments, bytes held]
+        self.pinned = 0
+        self.lock = threading.Lock()   # threads sharing the communicator may learn and forget at once
+        self.seen: dict = {}    # calls run once (key -> weak refs to their buffers): remembered if they come again
 
-    def get(self, x, op):
-        hit = self.rounds.get((id(x), op))
-        if hit is None or hit[0] is not x:
+    def get(self, key, objs) -> Optional[WindowCall]:
+        try:
+            hit = self.calls.get(key)
+        except TypeError:   # an unhashable argument: the ordinary road explains what is wrong with it
             return None
-        if not hit[1].valid():
-            del self.rounds[(id(x), op)]
+        if hit is None:
             return None
-        return hit[1]
+        held = hit[0]
+        if held[0] is not objs[0] or (len(objs) > 1 and held[1] is not objs[1]):
+            return None
+        road = hit[1]
+        if type(road) is tuple:   # first repeat: build it now
+            road = hit[1] = WindowCall(*road)
+        if not road.valid():
+            with self.lock:
+                self._drop(key)
+            return None
+        return road
 
-    def remember(self, x, op, round_: WindowRound) -> None:
-        if len(self.rounds) >= FAST_ENTRIES:
-            self.rounds.pop(next(iter(self.rounds)))
-        self.rounds[(id(x), op)] = (x, round_)
+    def remember(self, key, objs, comm, call) -> None:
+        """Remember a call just run, if it ran on these very buffers before and may take the fast
+        road next time (``fast_road``). A loop that passes a fresh view each time then pays a dict
+        entry per call instead of holding each view and building a road it never takes."""
+        try:
+            before = self.seen.get(key)
+            if before is None or before[0]() is not objs[0] or (len(objs) > 1 and before[1]() is not objs[1]):
+                if len(self.seen) >= 4 * FAST_ENTRIES:
+                    self.seen.clear()
+                # weak: a view made for one call dies with it, and a new one at its address (its id)
+                # must not count as the same buffer coming again
+                self.seen[key] = [_NONE if o is None else weakref.ref(o) for o in objs]
+                return
+        except TypeError:   # an unhashable argument, or a buffer type without weak references
+            return
+        plan = comm._plan_for(call, None)
+        held = fast_road(comm, call, plan)
+        if held is None:
+            return
+        with self.lock:
+            self._drop(key)
+            while self.calls and (len(self.calls) >= FAST_ENTRIES or self.pinned + held > FAST_BYTES):
+                self._drop(next(iter(self.calls)))
+            # the guard now, while the buffers are what the call validated (the road is built later)
+            self.calls[key] = [objs, (comm, call, plan, guard_of(call)), held]
+            self.pinned += held
+
+    def _drop(self, key) -> None:
+        entry = self.calls.pop(key, None)
+        if entry is not None:
+            self.pinned -= entry[2]
 
 
-def fast_round(comm, call, plan) -> Optional[WindowRound]:
-    """A WindowRound for this call if it qualifies: a window plan, in place, host memory, small,
-    no prescaling, and nothing that must look at every call (debug logging, pre-flight)."""
-    if plan.window is None or not call.in_place or call.device != "cpu" or call.factor is not None:
+def fast_road(comm, call, plan) -> Optional[int]:
+    """The buffer bytes a WindowCall of this call would hold, if the call qualifies: a window plan
+    with work to do, host memory, at most FAST_LIMIT bytes, no scaling before the communication,
+    and nothing that must look at every call (debug logging, pre-flight); else None."""
+    if plan.window is None or not plan.program or call.device != "cpu" or call.factor is not None:
         return None
     if call.op is ReduceOp.AVG and call.dtype.name in ("float16", "bfloat16"):
         return None   # scaled before the sum (ops.prescale_factor): the ordinary road does it
-    if call.count * call.dtype.itemsize > FAST_LIMIT or comm._preflight_on or comm._logging() or comm.size < 2:
+    if comm._preflight_on or comm._logging() or comm.size < 2 or call.collective.nbytes(call) > FAST_LIMIT:
         return None
-    return WindowRound(comm, call, plan)
+    held = sum(b.flat.nbytes for b in (call.inp, call.out) if b is not None)
+    return held if held <= FAST_BYTES else None
 
 
 class Persistent:
@@ -182,4 +247,5 @@ class Persistent:
         if not self._checked:   # the plan is known after the first run (the selector decides there)
             self._checked = True
             plan = self.comm._plan_for(self.call, self.algorithm)
-            self._window = fast_round(self.comm, self.call, plan)
+            if fast_road(self.comm, self.call, plan) is not None:
+                self._window = WindowCall(self.comm, self.call, plan)

@@ -92,3 +92,133 @@ def test_an_absent_peer_times_out_on_the_fast_road_naming_it():
         return p()
     with pytest.raises(CommTimeoutError, match=r"all_reduce #2 \(one_shot.*rank 1"):
         run_threads(2, body, timeout=1.0)
+
+
+# ---- the implicit fast road of the other blocking collectives --------------------------------------
+def _calls(comm, x, out_ag, out_rs, out_a2a, root):
+    """One blocking call of each collective the memo remembers, on the given buffers."""
+    n = comm.size
+    return {
+        "all_gather": lambda: comm.all_gather(out_ag, x),
+        "reduce_scatter": lambda: comm.reduce_scatter(out_rs, out_ag, op="max"),
+        "broadcast": lambda: comm.broadcast(x, root=root),
+        "all_to_all": lambda: comm.all_to_all(out_a2a, out_ag),
+        "gather": lambda: comm.gather(out_ag if comm.rank == root else None, x, root=root),
+        "scatter": lambda: comm.scatter(x, out_ag if comm.rank == root else None, root=root),
+        "all_reduce avg": lambda: comm.all_reduce(out_rs, op="avg"),
+    }, n
+
+
+WINDOW_ALGOS = {   # the threads transport's model prefers schedules at these sizes: force window ones
+    "one_shot": "all_reduce=one_shot,all_gather=one_shot,reduce_scatter=one_shot,broadcast=one_shot,"
+                "all_to_all=direct,gather=direct,scatter=direct",
+    "direct": "all_reduce=direct,all_gather=direct,reduce_scatter=direct,broadcast=direct,"
+              "all_to_all=direct,gather=direct,scatter=direct",
+}
+
+
+@pytest.mark.parametrize("algos", sorted(WINDOW_ALGOS))
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+@pytest.mark.parametrize("size", [2, 3])
+def test_repeated_calls_of_every_collective_give_the_ordinary_bits(kind, size, algos, monkeypatch):
+    """The second and later calls on the same buffers take the memo's road (a WindowCall); each
+    result must equal, byte for byte, what a fresh ordinary call returns for the same values."""
+    monkeypatch.setenv("RINGCOMM_ALGO", WINDOW_ALGOS[algos])
+
+    def body(comm):
+        rng = np.random.default_rng(comm.rank)
+        mk = (lambda a: torch.from_numpy(a)) if kind == "torch" else (lambda a: a)
+        count = 37
+        x = mk(np.zeros(count, np.float32))
+        ag = mk(np.zeros(count * size, np.float32))
+        rs = mk(np.zeros(count, np.float32))
+        a2a = mk(np.zeros(count * size, np.float32))
+        got, ref = [], []
+        for step in range(6):
+            root = step % size
+            vals = rng.standard_normal(count).astype(np.float32)
+            for name in _calls(comm, x, ag, rs, a2a, root)[0]:
+                for bufs, out in ((None, got), ("fresh", ref)):
+                    x[...] = mk(vals.copy())
+                    ag[...] = mk(np.tile(vals, size))
+                    rs[...] = mk(vals * 2)
+                    if bufs is None:
+                        calls = _calls(comm, x, ag, rs, a2a, root)[0]
+                    else:   # new objects every time: never a memo hit
+                        calls = _calls(comm, mk(np.asarray(x).copy()), mk(np.asarray(ag).copy()),
+                                       mk(np.asarray(rs).copy()), mk(np.zeros(count * size, np.float32)),
+                                       root)[0]
+                    result = calls[name]()
+                    out.append((step, name, None if result is None else np.asarray(result).tobytes()))
+        return got, ref, len(comm._fast.calls)
+    results = run_threads(size, body)
+    for got, ref, remembered in results:
+        assert got == ref
+        assert remembered >= 6, "the memo remembered nothing: the test ran no fast road"
+    for got, _, _ in results[1:]:   # all_gather, broadcast, all_to_all... equal across ranks where they must be
+        same = [g for g in got if g[1] in ("all_gather", "broadcast", "all_reduce avg")]
+        assert same == [g for g in results[0][0] if g[1] in ("all_gather", "broadcast", "all_reduce avg")]
+
+
+@pytest.mark.parametrize("before", [2, 3])   # changed after the memo learnt the call / after it took it
+def test_a_buffer_changed_between_repeated_calls_takes_the_ordinary_road(before, monkeypatch):
+    monkeypatch.setenv("RINGCOMM_ALGO", WINDOW_ALGOS["one_shot"])
+
+    def body(comm):
+        out, t = torch.zeros(2 * 16), torch.full((16,), float(comm.rank))
+        for _ in range(before):                      # seen, remembered, [taken]
+            comm.all_gather(out, t)
+        t.resize_(8)                                  # re-pointed: the memo must not use the old memory
+        t.fill_(comm.rank + 10.0)
+        out2 = torch.zeros(2 * 8)
+        comm.all_gather(out2, t)
+        short = torch.zeros(16)
+        out.resize_(16)                               # and the output too
+        comm.all_gather(out, t)
+        return out2.tolist(), out.tolist(), short.tolist()
+    for out2, out, _ in run_threads(2, body):
+        assert out2 == [10.0] * 8 + [11.0] * 8
+        assert out == [10.0] * 8 + [11.0] * 8
+
+
+def test_a_root_mismatch_on_the_fast_road_is_a_mismatch_on_every_rank(monkeypatch):
+    monkeypatch.setenv("RINGCOMM_ALGO", WINDOW_ALGOS["one_shot"])
+
+    def body(comm):
+        x = np.full(64, float(comm.rank))
+        for _ in range(3):
+            comm.broadcast(x, root=0)                 # the memo's road from the third call on
+        return comm.broadcast(x, root=comm.rank)      # ranks disagree on the root
+    with pytest.raises(MismatchError, match="root"):
+        run_threads(2, body, timeout=10)
+
+
+def test_an_absent_peer_times_out_on_the_fast_road_of_all_gather_naming_it(monkeypatch):
+    monkeypatch.setenv("RINGCOMM_ALGO", WINDOW_ALGOS["one_shot"])
+
+    def body(comm):
+        out, x = np.zeros(16), np.ones(8)
+        for _ in range(3):   # seen, remembered, taken
+            comm.all_gather(out, x)
+        if comm.rank == 1:
+            return None
+        return comm.all_gather(out, x)
+    with pytest.raises(CommTimeoutError, match=r"all_gather #3 .*rank 1"):
+        run_threads(2, body, timeout=1.0)
+
+
+def test_the_memo_holds_few_bytes_alive(monkeypatch):
+    monkeypatch.setenv("RINGCOMM_ALGO", WINDOW_ALGOS["one_shot"])
+
+    from ringcomm.persistent import FAST_BYTES, FAST_ENTRIES
+
+    def body(comm):
+        kept = []
+        for i in range(40):   # 40 distinct 512 KiB broadcasts, each twice: more than the memo may hold
+            x = np.full(1 << 16, float(i))
+            comm.broadcast(x)
+            comm.broadcast(x)
+            kept.append(x)
+        return len(comm._fast.calls), comm._fast.pinned
+    for entries, pinned in run_threads(2, body):
+        assert 0 < entries <= FAST_ENTRIES and pinned <= FAST_BYTES
