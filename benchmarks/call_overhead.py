@@ -97,11 +97,12 @@ def phases(nbytes: int, size: int, number: int, repeat: int) -> list[tuple[str, 
     on_window = Communicator(shared)
     window_pick = on_window.selector.choose("all_reduce", x.nbytes, size, transport=shared)
     one_shot = algorithms.get("all_reduce", "one_shot")
+    window_shape = Shape(size, x.size)
     rows = [
         (f"all_reduce(x), whole call, ranks sharing memory (auto -> {window_pick}, mirror window)",
          lambda: on_window.all_reduce(x)),
         ("  one_shot.run alone (copy in, flags, stamps, reduce)",
-         lambda: one_shot.run(shared.window, x, x, red.reduce, red.combine, 1, None)),
+         lambda: one_shot.run(shared.window, x, x, window_shape, red, 1, 0, None)),
         (f"all_reduce(x), whole call, no shared window (auto -> {chosen})", lambda: comm.all_reduce(x)),
         (f"all_reduce(x, algorithm={chosen!r})", lambda: comm.all_reduce(x, algorithm=chosen)),
         ("  as_buffer (type, dtype, layout checks)", lambda: as_buffer(x, "all_reduce", "x")),

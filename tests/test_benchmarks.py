@@ -203,3 +203,17 @@ def test_summary_tells_noise_from_a_slower_choice():
     other.chosen = "tree"
     (line,) = perf.summary([other, _row(1024, "ringcomm", "ring", 39.0)])
     assert line.endswith("SLOWER THAN EVERY FORCED"), line
+
+
+def test_call_overhead_times_every_phase():
+    """benchmarks/call_overhead.py in-process (no mpirun): every phase row, the window call's
+    included, is timed; a phase whose call no longer fits the library's signatures fails here."""
+    import subprocess
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "call_overhead.py"), "--number", "20",
+                           "--repeat", "1"], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr
+    rows = [line for line in proc.stdout.splitlines() if line.strip().split(" ")[0].replace(".", "").isdigit()]
+    assert len(rows) >= 14, proc.stdout
+    assert any("one_shot.run alone" in r for r in rows) and any("mirror window" in r for r in rows)
+    assert all(float(r.split()[0]) > 0 for r in rows)
