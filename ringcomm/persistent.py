@@ -60,9 +60,12 @@ def _guard(buf, written: bool = True):
 
 
 def guard_of(call):
-    """A callable that is True while the call's buffers still are the memory it validated."""
+    """A callable that is True while the call's buffers (input and output) still are the memory
+    it validated."""
     guards = [_guard(b, written) for b, written in ((call.inp, call.in_place), (call.out, True)) if b is not None]
-    return guards[0] if len(guards) == 1 else (lambda: all(g() for g in guards))
+    if len(guards) == 1:
+        return guards[0]
+    return lambda: all(g() for g in guards)
 
 
 class WindowCall:
@@ -222,7 +225,7 @@ class Persistent:
 
     def __init__(self, comm, call, algorithm: Optional[str]):
         self.comm, self.call, self.algorithm = comm, call, algorithm
-        self.valid = _guard(call.inp) if call.inp is not None else (lambda: True)
+        self.valid = guard_of(call)   # the output too: a resized out= must not be written
         self._window = None
         self._checked = False
 
@@ -248,4 +251,4 @@ class Persistent:
             self._checked = True
             plan = self.comm._plan_for(self.call, self.algorithm)
             if fast_road(self.comm, self.call, plan) is not None:
-                self._window = WindowCall(self.comm, self.call, plan)
+                self._window = WindowCall(self.comm, self.call, plan, self.valid)

@@ -72,6 +72,20 @@ def test_a_buffer_that_changed_since_init_is_refused():
     assert run_threads(2, body) == [True, True]
 
 
+def test_an_output_that_changed_since_init_is_refused():
+    """all_reduce_init(x, out=y): a y resized since is refused before anything is written (it
+    was written through the old, freed storage: a heap corruption, not an error)."""
+    def body(comm):
+        x, y = torch.ones(16), torch.zeros(16)
+        p = comm.all_reduce_init(x, out=y)
+        p()
+        y.resize_(64)
+        with pytest.raises(UsageError, match="changed since all_reduce_init"):
+            p()
+        return y[:16].tolist()
+    assert run_threads(2, body) == [[2.0] * 16, [2.0] * 16]
+
+
 def test_a_count_mismatch_on_the_fast_road_is_a_mismatch_on_every_rank():
     def body(comm):
         x = np.ones(256 + comm.rank * 512)   # equal mod 512: only the window stamp's exact count differs
@@ -222,3 +236,36 @@ def test_the_memo_holds_few_bytes_alive(monkeypatch):
         return len(comm._fast.calls), comm._fast.pinned
     for entries, pinned in run_threads(2, body):
         assert 0 < entries <= FAST_ENTRIES and pinned <= FAST_BYTES
+
+
+def test_a_second_thread_on_the_fast_road_is_refused_naming_it(monkeypatch):
+    """The thread rule holds on the memo's road: a remembered call from another thread while this
+    one's receive is in flight raises UsageError, it does not pair with the peer's messages."""
+    import threading
+    monkeypatch.setenv("RINGCOMM_ALGO", WINDOW_ALGOS["one_shot"])
+    intruded = threading.Barrier(2)
+
+    def body(comm):
+        out, x = np.zeros(16), np.full(8, float(comm.rank))
+        for _ in range(3):                           # seen, remembered, taken
+            comm.all_gather(out, x)
+        assert len(comm._fast.calls) == 1
+        peer, inbox = 1 - comm.rank, np.zeros(4)
+        work = comm.recv(inbox, src=peer, async_op=True)   # in flight until both intruders ran
+        caught = []
+
+        def intruder():
+            try:
+                comm.all_gather(out, x)
+            except UsageError as err:
+                caught.append(str(err))
+        th = threading.Thread(target=intruder, name="intruder")
+        th.start()
+        th.join()
+        intruded.wait(60)
+        comm.send(np.ones(4), dst=peer)
+        work.wait(60)
+        return caught, comm.all_gather(out, x).tolist()
+    for caught, gathered in run_threads(2, body):
+        assert caught and "intruder" in caught[0] and "comm.dup()" in caught[0]
+        assert gathered == [0.0] * 8 + [1.0] * 8
