@@ -99,9 +99,10 @@ class Communicator:
     # ---- collectives ------------------------------------------------------------------------------
     def all_reduce(self, x, op="sum", *, out=None, algorithm=None, async_op=False):
         """Every rank ends with the reduction of every rank's x (in x, or in ``out``)."""
+        # _remembered's steps written out: this is the hottest call, and a closure per call costs
         plain = out is None and algorithm is None and not async_op
         key = ("all_reduce", id(x), op)
-        if plain:   # a small in-place call on an array seen before: the persistent road (persistent.py)
+        if plain:   # an in-place call on an array seen before: the persistent road (persistent.py)
             result = self._fast_run(key, (x,))
             if result is not _SLOW:
                 return result
@@ -116,10 +117,8 @@ class Communicator:
 
     def broadcast(self, x, root=0, *, algorithm=None, async_op=False):
         """Every rank's x becomes root's x."""
-        key = ("broadcast", id(x), root) if algorithm is None and not async_op else None
-        if key is not None and (result := self._fast_run(key, (x,))) is not _SLOW:
-            return result
-        return self._start_and_learn(BROADCAST.prepare(self, x, root), algorithm, async_op, key, (x,))
+        return self._remembered(("broadcast", id(x), root), (x,), lambda: BROADCAST.prepare(self, x, root),
+                                algorithm, async_op)
 
     def reduce(self, x, root=0, op="sum", *, out=None, algorithm=None, async_op=False):
         """Root ends with the reduction (in its x, or in ``out`` on root); no other rank's x changes."""
@@ -127,42 +126,29 @@ class Communicator:
 
     def all_gather(self, out, x, *, counts=None, algorithm=None, async_op=False):
         """out = every rank's x, concatenated in rank order (``counts``: per-rank sizes)."""
-        key = ("all_gather", id(out), id(x)) if counts is None and algorithm is None and not async_op else None
-        if key is not None and (result := self._fast_run(key, (out, x))) is not _SLOW:
-            return result
-        return self._start_and_learn(ALL_GATHER.prepare(self, out, x, counts), algorithm, async_op, key, (out, x))
+        return self._remembered(("all_gather", id(out), id(x)) if counts is None else None, (out, x),
+                                lambda: ALL_GATHER.prepare(self, out, x, counts), algorithm, async_op)
 
     def reduce_scatter(self, out, x, op="sum", *, counts=None, algorithm=None, async_op=False):
         """out = this rank's part of the reduction of every rank's x (``counts``: per-rank parts)."""
-        key = ("reduce_scatter", id(out), id(x), op) if counts is None and algorithm is None and not async_op \
-            else None
-        if key is not None and (result := self._fast_run(key, (out, x))) is not _SLOW:
-            return result
-        return self._start_and_learn(REDUCE_SCATTER.prepare(self, out, x, op, counts), algorithm, async_op, key,
-                                     (out, x))
+        return self._remembered(("reduce_scatter", id(out), id(x), op) if counts is None else None, (out, x),
+                                lambda: REDUCE_SCATTER.prepare(self, out, x, op, counts), algorithm, async_op)
 
     def all_to_all(self, out, x, out_splits=None, in_splits=None, *, algorithm=None, async_op=False):
         """Block j of x goes to rank j; out holds every rank's block for this rank, in rank order."""
         even = out_splits is None and in_splits is None
-        key = ("all_to_all", id(out), id(x)) if even and algorithm is None and not async_op else None
-        if key is not None and (result := self._fast_run(key, (out, x))) is not _SLOW:
-            return result
-        return self._start_and_learn(ALL_TO_ALL.prepare(self, out, x, out_splits, in_splits), algorithm, async_op,
-                                     key, (out, x))
+        return self._remembered(("all_to_all", id(out), id(x)) if even else None, (out, x),
+                                lambda: ALL_TO_ALL.prepare(self, out, x, out_splits, in_splits), algorithm, async_op)
 
     def gather(self, out, x, root=0, *, algorithm=None, async_op=False):
         """Root's out = every rank's x, concatenated in rank order (out None on other ranks)."""
-        key = ("gather", id(out), id(x), root) if algorithm is None and not async_op else None
-        if key is not None and (result := self._fast_run(key, (out, x))) is not _SLOW:
-            return result
-        return self._start_and_learn(GATHER.prepare(self, out, x, root), algorithm, async_op, key, (out, x))
+        return self._remembered(("gather", id(out), id(x), root), (out, x),
+                                lambda: GATHER.prepare(self, out, x, root), algorithm, async_op)
 
     def scatter(self, out, x, root=0, *, algorithm=None, async_op=False):
         """out = block ``rank`` of root's x (x None on other ranks)."""
-        key = ("scatter", id(out), id(x), root) if algorithm is None and not async_op else None
-        if key is not None and (result := self._fast_run(key, (out, x))) is not _SLOW:
-            return result
-        return self._start_and_learn(SCATTER.prepare(self, out, x, root), algorithm, async_op, key, (out, x))
+        return self._remembered(("scatter", id(out), id(x), root), (out, x),
+                                lambda: SCATTER.prepare(self, out, x, root), algorithm, async_op)
 
     def barrier(self, *, algorithm=None, async_op=False):
         return self._start(BARRIER.prepare(self), algorithm, async_op)
@@ -363,6 +349,16 @@ class Communicator:
         return self.transport.window if call.device == "cpu" else None
 
     # ---- execution --------------------------------------------------------------------------------
+    def _remembered(self, key: Optional[tuple], objs: tuple, prepare: Callable, algorithm, async_op: bool):
+        """A collective whose blocking calls may take the memo's road (persistent.py): ``key`` (its
+        arguments as passed; None where they rule it out) finds a road remembered for these very
+        buffers ``objs``; otherwise ``prepare()`` and the ordinary road, which may remember it."""
+        if algorithm is not None or async_op:
+            key = None
+        elif key is not None and (result := self._fast_run(key, objs)) is not _SLOW:
+            return result
+        return self._start_and_learn(prepare(), algorithm, async_op, key, objs)
+
     def _fast_run(self, key: tuple, objs: tuple):
         """Run a blocking call on buffers seen before by the road remembered for it (persistent.py);
         _SLOW when there is none or it does not apply now."""

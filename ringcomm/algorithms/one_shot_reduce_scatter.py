@@ -23,6 +23,13 @@ from ._rounds import pieces_of, sync
 from .base import WindowAlgorithm
 
 
+def _piece(part: int, writer: int, q: int, m: int) -> slice:
+    """Where the m-element piece of rank ``part``'s part lies in rank ``writer``'s slot: the parts
+    q apart in rank order, the writer's own left out."""
+    at = (part - (part > writer)) * q
+    return slice(at, at + m)
+
+
 class OneShotReduceScatter(WindowAlgorithm):
     name = "one_shot"
     collective = "reduce_scatter"
@@ -48,20 +55,16 @@ class OneShotReduceScatter(WindowAlgorithm):
             for r, (o, c) in enumerate(parts):
                 m = min(q, c - lo)
                 if m > 0 and r != me:
-                    at = (r - (r > me)) * q   # peers' parts in rank order, this rank's left out
-                    slot[at:at + m] = src[o + lo:o + lo + m]
+                    slot[_piece(r, me, q, m)] = src[o + lo:o + lo + m]
             k = sync(window, stamp, word, trouble, i, pieces)
             m = min(q, mine - lo)
             if m <= 0:
                 continue
-            at = me * q
             views = window.views(k, src.dtype, (n - 1) * q)
             mine_now = src[own + lo:own + lo + m]
             if aliased:
                 mine_now = mine_now.copy()
-            # rank w's slot holds this rank's piece at (me - (me > w)) q: at me q below w, one back above
-            operands = [mine_now if w == me else views[w][at - q * (me > w):at - q * (me > w) + m]
-                        for w in range(n)]
+            operands = [mine_now if w == me else views[w][_piece(me, w, q, m)] for w in range(n)]
             out = dst[lo:lo + m]
             combine(out, operands[0], operands[1])   # rank order: x0 OP x1 OP x2 ...
             for r in range(2, n):
