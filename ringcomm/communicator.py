@@ -103,8 +103,8 @@ class Communicator:
         plain = out is None and algorithm is None and not async_op
         key = ("all_reduce", id(x), op)
         if plain:   # an in-place call on an array seen before: the persistent road (persistent.py)
-            result = self._fast_run(key, (x,))
-            if result is not _SLOW:
+            road = self._fast.get(key, (x,))
+            if road is not None and (result := road.run()) is not _SLOW:
                 return result
         call = ALL_REDUCE.prepare(self, x, op, out)
         return self._start_and_learn(call, algorithm, async_op, key if plain else None, (x,))
@@ -492,13 +492,13 @@ class Communicator:
         scope = scope_for(call)   # device memory: its device and the caller's stream (core/streams.py)
         with engine.state:
             self._check_usable(call.name)
-            engine.admit(f"{call.name} on rank {self.rank}")
+            me = engine.admit(f"{call.name} on rank {self.rank}")
             seq = self._seq
             self._seq += 1
             entry = self.recorder.record(seq, call.name, call.count, call.dtype and call.dtype.name)
-            inline = not async_op and engine.outstanding == 0
+            inline = not async_op and engine.outstanding == 0 and engine.inline is None
             if inline:
-                engine.outstanding += 1
+                engine.inline = me
             else:
                 work = Work(f"{call.name} #{seq} on rank {self.rank}")
 
@@ -513,11 +513,11 @@ class Communicator:
                     work._finish(result, error)
                 engine.enqueue(run)
         if inline:
+            engine.exec.acquire()
             try:
-                with engine.exec:
-                    return self._execute(seq, call, job, entry, scope)
+                return self._execute(seq, call, job, entry, scope)
             finally:
-                engine.done()
+                engine.release_inline()
         return work if async_op else work.wait()
 
     def _check_usable(self, what: str) -> None:

@@ -94,28 +94,29 @@ class WindowCall:
         the communicator failed or closed: that road raises the right error)."""
         comm, call = self.comm, self.call
         engine = comm.engine
-        with engine.state:
-            if engine.outstanding or comm._broken is not None or comm._closed:
+        state = engine.state
+        # Locks are a large part of a 1 KiB call here: one section under ``state`` takes the
+        # number and the inline claim (with ``exec``); the end is two releases, no third lock.
+        state.acquire()
+        try:
+            if comm._broken is not None or comm._closed or not engine.claim_inline(_current()):
                 return _SLOW
-            engine.owner = _current()
-            engine.outstanding = 1
             seq = comm._seq
             comm._seq = seq + 1
-        entry = comm.recorder.record(seq, call.collective.name, call.count, self.dname)
+        finally:
+            state.release()
         try:
-            with engine.exec:
-                comm._entry = entry
-                entry.state, entry.started, entry.algorithm = "running", time.monotonic(), self.name
-                stamp = window_stamp(seq, self.static, self.count)
-                if self.core is not None:
-                    compiled_round(self.window, self.core, self.inp, self.out, self.reducer.code, stamp, 0,
-                                   self._trouble, 0, 1)
-                else:
-                    self.algorithm.run(self.window, self.inp, self.out, self.shape, self.reducer, stamp,
-                                       self.word, self._trouble)
-                if self.finish:
-                    call.collective.after(call, comm.rank, comm.size)
-                entry.state, entry.ended = "done", time.monotonic()
+            comm._entry = entry = comm.recorder.running(seq, call.collective.name, call.count, self.dname, self.name)
+            stamp = window_stamp(seq, self.static, self.count)
+            if self.core is not None:
+                compiled_round(self.window, self.core, self.inp, self.out, self.reducer.code, stamp, 0,
+                               self._trouble, 0, 1)
+            else:
+                self.algorithm.run(self.window, self.inp, self.out, self.shape, self.reducer, stamp,
+                                   self.word, self._trouble)
+            if self.finish:
+                call.collective.after(call, comm.rank, comm.size)
+            entry.state, entry.ended = "done", time.monotonic()
         except PeerAbortedError as err:
             entry.state = "failed: PeerAbortedError"
             err = comm._with_reason(err, f"{call.collective.name} #{seq} on rank {comm.rank}")
@@ -126,7 +127,7 @@ class WindowCall:
             comm._fail(err)
             raise
         finally:
-            engine.done()
+            engine.release_inline()
         return call.result
 
     def _trouble(self) -> WindowGuard:

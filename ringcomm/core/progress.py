@@ -56,25 +56,31 @@ class Engine:
         self.exec = threading.Lock()     # held while a job moves data
         self.queue: collections.deque = collections.deque()
         self.pending: list = []          # posted point-to-point operations, completed by the progress thread
-        self.outstanding = 0
+        self.outstanding = 0             # calls queued or running on the progress thread, p2p posted
+        # The thread running a blocking collective inline, or None. Apart from ``outstanding``
+        # because only that thread clears it, so it does so with a plain store and no lock (a
+        # delegate may queue work meanwhile, which a lock-free decrement of a shared count would lose).
+        self.inline: Optional[threading.Thread] = None
         self.owner: Optional[threading.Thread] = None   # the thread whose calls are in flight
         self.delegates: set = set()      # threads that may call on the owner's behalf
         self.thread: Optional[threading.Thread] = None
         self.closed = False
 
     # ---- submission ----------------------------------------------------------------------------
-    def admit(self, what: str) -> None:
-        """The thread rule (module doc), checked under ``state`` before a call takes a number."""
+    def admit(self, what: str) -> threading.Thread:
+        """The thread rule (module doc), checked under ``state`` before a call takes a number;
+        returns the calling thread."""
         me = threading.current_thread()
-        if self.outstanding and self.owner is not me and me not in self.delegates \
-                and self.owner not in self.delegates:
+        busy = self.outstanding or self.inline is not None
+        if busy and self.owner is not me and me not in self.delegates and self.owner not in self.delegates:
             raise UsageError(f"{what}: called from thread {me.name!r} while a call from thread "
                              f"{self.owner.name!r} is still in flight on this communicator. A "
                              f"communicator is used by one thread at a time (collectives from "
                              f"different threads would pair up differently on different ranks); "
                              f"give each thread its own with comm.dup()")
-        if not self.outstanding:
+        if not busy:
             self.owner = me
+        return me
 
     def enqueue(self, item) -> None:
         """Queue ``item`` (under ``state``) for the progress thread."""
@@ -92,7 +98,7 @@ class Engine:
         """Nothing issued earlier waits to be posted or runs (under ``state``): a call may post
         in the caller's thread without overtaking one. Pending point-to-point operations are
         posted already and do not count."""
-        return self.outstanding == len(self.pending)
+        return self.outstanding == len(self.pending) and self.inline is None
 
     def watch(self, op: "Pending") -> None:
         """Hand a posted point-to-point operation to the progress thread, which completes it, as
@@ -100,6 +106,20 @@ class Engine:
         self.pending.append(op)
         op.work._drive = lambda: self.drive(op)
         self._start()
+
+    def claim_inline(self, me: threading.Thread) -> bool:
+        """Under ``state``: with nothing queued, posted or running, make ``me`` the inline thread
+        and take ``exec`` (without waiting: only a thread finishing its last job can still hold
+        it, and then the call takes the ordinary road). ``release_inline`` ends it."""
+        if self.outstanding or self.inline is not None or not self.exec.acquire(False):
+            return False
+        self.owner = self.inline = me
+        return True
+
+    def release_inline(self) -> None:
+        """The inline call is over (its own thread, no lock: see ``inline``)."""
+        self.inline = None
+        self.exec.release()
 
     def done(self) -> None:
         with self.state:

@@ -25,10 +25,11 @@ class Entry:
     ``state``: queued, running, done or "failed: <error class>"."""
     __slots__ = ("seq", "name", "count", "dtype", "state", "algorithm", "started", "ended")
 
-    def __init__(self, seq: int, name: str, count: int, dtype: Optional[str]):
+    def __init__(self, seq: int, name: str, count: int, dtype: Optional[str], algorithm: Optional[str] = None,
+                 started: Optional[float] = None):
         self.seq, self.name, self.count, self.dtype = seq, name, count, dtype
-        self.state, self.algorithm = "queued", None
-        self.started: Optional[float] = None
+        self.state, self.algorithm = "queued" if started is None else "running", algorithm
+        self.started: Optional[float] = started
         self.ended: Optional[float] = None
 
     def line(self, now: float) -> str:
@@ -71,6 +72,12 @@ class FlightRecorder:
 
     def record(self, seq: int, collective: str, count: int, dtype: str) -> Entry:
         entry = Entry(seq, collective, count, dtype)
+        self.entries.append(entry)
+        return entry
+
+    def running(self, seq: int, collective: str, count: int, dtype: str, algorithm: str) -> Entry:
+        """The entry of a call that starts running now, with the algorithm it runs (the fast road)."""
+        entry = Entry(seq, collective, count, dtype, algorithm, time.monotonic())
         self.entries.append(entry)
         return entry
 
