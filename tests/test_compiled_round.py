@@ -152,3 +152,17 @@ def test_the_core_refuses_what_it_cannot_do():
     y = np.arange(8, dtype=np.float32)
     out = np.empty_like(y)
     assert core.all_reduce(1, y, out, 0, 5, 0, 0.0) == 0 and (out == y).all()
+
+
+@pytest.mark.parametrize("compiled_address", [True, False])
+def test_array_address_is_numpys_for_every_layout(compiled_address, monkeypatch):
+    if not compiled_address:
+        monkeypatch.setattr(compiled, "_address", None)   # an install without a compiler
+    elif compiled._address is None:
+        pytest.skip("the extension was not built")
+    base = np.arange(60, dtype=np.float64)
+    read_only = base.copy()
+    read_only.flags.writeable = False
+    for a in (base, base[7:], base[::-3], base.reshape(6, 10)[:, 2:5], read_only, np.empty(0, np.int8),
+              np.frombuffer(bytearray(16), np.uint8)):
+        assert compiled.array_address(a) == a.ctypes.data

@@ -129,6 +129,27 @@ def test_an_async_send_posted_inline_stays_ahead_of_a_later_blocking_send_of_the
     assert run_threads(2, body)[1] == (1.0, 2.0)
 
 
+def test_async_calls_nobody_waits_on_complete_on_the_progress_thread():
+    # The progress thread leaves a just-posted call to its caller for a moment (progress.GRACE)
+    # and is not woken for calls posted while it naps: it must still finish them on its own.
+    import time
+
+    def body(comm):
+        peer = 1 - comm.rank
+        works = []
+        for i in range(3):   # posted while the progress thread naps after the first
+            works.append(comm.recv(np.zeros(8), peer, tag=i, async_op=True))
+            works.append(comm.send(np.full(8, float(comm.rank * 10 + i)), peer, tag=i, async_op=True))
+            time.sleep(0.002)
+        deadline = time.monotonic() + 5
+        while not all(w.is_completed() for w in works) and time.monotonic() < deadline:
+            time.sleep(0.001)   # nobody calls wait(): only the progress thread can finish them
+        assert all(w.is_completed() for w in works)
+        return [float(w.wait()[0]) for w in works[::2]]
+    got = run_threads(2, body)
+    assert got == [[10.0, 11.0, 12.0], [0.0, 1.0, 2.0]]
+
+
 def test_a_finished_work_lets_go_of_its_buffer():
     import gc
     import weakref

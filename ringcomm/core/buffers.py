@@ -20,6 +20,7 @@ import numpy as np
 
 from ..errors import bad_type, bad_value
 from ..transport.devices import CUPY_INSTALL, is_device_array
+from .compiled import array_address
 from .ops import DTYPES, DType
 
 _SUPPORTED = ", ".join(DTYPES)
@@ -147,7 +148,7 @@ def overlaps(a, b) -> bool:
 
 def address(a) -> int:
     """Start address of a flat array's data, host (numpy) or device (cupy)."""
-    return a.ctypes.data if isinstance(a, np.ndarray) else a.data.ptr
+    return array_address(a) if isinstance(a, np.ndarray) else a.data.ptr
 
 
 # Keyed by numpy dtype (native byte order only): ``x.dtype.name`` costs ~2 us a call, a dict hit 0.1.

@@ -26,6 +26,10 @@ from ..work import Work
 
 
 DRIVE_BLOCK = 1e-3   # seconds a waiting thread blocks for exec before it looks again
+# How long the progress thread leaves a send or receive just posted to the thread that posted it
+# before it polls it too: that thread usually waits on it at once (a blocking receive after an
+# async send), and two threads polling one operation fight over the GIL and exec.
+GRACE = 200e-6
 
 
 class Pending:
@@ -64,6 +68,7 @@ class Engine:
         self.owner: Optional[threading.Thread] = None   # the thread whose calls are in flight
         self.delegates: set = set()      # threads that may call on the owner's behalf
         self.thread: Optional[threading.Thread] = None
+        self.idle_wait = False           # the progress thread waits for work with no timeout
         self.closed = False
 
     # ---- submission ----------------------------------------------------------------------------
@@ -105,7 +110,8 @@ class Engine:
         does a thread waiting on its Work (under ``state``; it counts as outstanding already)."""
         self.pending.append(op)
         op.work._drive = lambda: self.drive(op)
-        self._start()
+        if self.thread is None or self.idle_wait:   # else it comes round within its nap
+            self._start()
 
     def claim_inline(self, me: threading.Thread) -> bool:
         """Under ``state``: with nothing queued, posted or running, make ``me`` the inline thread
@@ -130,8 +136,12 @@ class Engine:
         nap = 10e-6
         while True:
             with self.state:
-                while not self.queue and not self.pending and not self.closed:
-                    self.wake.wait()
+                if not self.queue and not self.pending and not self.closed:
+                    self.idle_wait = True
+                    while not self.queue and not self.pending and not self.closed:
+                        self.wake.wait()
+                    self.idle_wait = False
+                    nap = GRACE
                 if not self.queue and self.closed and self.pending:
                     self._cancel_pending()
                 if not self.queue and not self.pending:

@@ -37,15 +37,12 @@ from typing import Optional
 
 import numpy as np
 
+from ...core.buffers import address
+
 SHM_DIR = "/dev/shm"
 PREFIX = "ringcomm-"
 ALIGN = 64             # offsets handed out inside segments: one cache line, any dtype's alignment
 _NAME = re.compile(rf"^{PREFIX}(\d+)-([0-9a-f]+)-([0-9a-f]+)-(\d+)$")
-
-
-def address(a) -> int:
-    """Start address of an array's data: host (numpy) or device (cupy) memory."""
-    return a.ctypes.data if isinstance(a, np.ndarray) else a.data.ptr
 
 
 def align(n: int) -> int:
