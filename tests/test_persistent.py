@@ -269,3 +269,29 @@ def test_a_second_thread_on_the_fast_road_is_refused_naming_it(monkeypatch):
     for caught, gathered in run_threads(2, body):
         assert caught and "intruder" in caught[0] and "comm.dup()" in caught[0]
         assert gathered == [0.0] * 8 + [1.0] * 8
+
+
+def test_all_reduces_last_road_is_checked_and_forgotten_with_its_entry(monkeypatch):
+    # all_reduce keeps the road of its previous call (FastCalls.last) to skip the memo lookup: a
+    # buffer changed since must not take it, nor may a road the memo has dropped keep its buffer.
+    monkeypatch.setenv("RINGCOMM_ALGO", WINDOW_ALGOS["one_shot"])
+
+    def body(comm):
+        t = torch.full((16,), float(comm.rank + 1))
+        for _ in range(4):                      # seen, remembered, taken twice: the last road
+            comm.all_reduce(t)
+        assert comm._fast.last[0] is t
+        t.resize_(8)                             # re-pointed on the shortcut
+        t.fill_(comm.rank + 1.0)
+        first = comm.all_reduce(t).tolist()
+        x = np.full(8, float(comm.rank + 1))
+        for _ in range(4):
+            comm.all_reduce(x)
+        with comm._fast.lock:
+            for key in list(comm._fast.calls):
+                comm._fast._drop(key)           # every road forgotten (evicted), the last one too
+        return first, comm._fast.last[2], x.tolist()
+    for first, last, x in run_threads(2, body):
+        assert first == [3.0] * 8
+        assert last is None
+        assert x == [3.0 * 2 ** 3] * 8
