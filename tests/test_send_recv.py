@@ -186,14 +186,18 @@ def test_waiting_on_an_async_receive_with_a_timeout_takes_that_long_not_twice_as
     assert 0.35 < took < 0.7, took
 
 
-def test_a_second_thread_is_refused_while_a_send_posted_inline_is_in_flight():
+def test_a_second_thread_is_refused_while_a_call_posted_inline_is_in_flight():
     # Posting in the caller's thread keeps the thread rule: a send from another thread while this
-    # thread's send is in flight raises UsageError naming both threads; this thread's calls go on.
+    # thread's receive is in flight raises UsageError naming both threads; this thread's calls go
+    # on. The receive stays in flight until the intruder has run (a send could complete at once:
+    # the threads transport buffers it), so the outcome does not depend on thread scheduling.
     import threading
+    intruder_ran = threading.Event()   # the ranks are threads of this process
 
     def body(comm):
         if comm.rank == 1:
-            comm.recv(np.zeros(1), 0, tag=2)   # rank 0's intruder has run: answer its recv now
+            assert intruder_ran.wait(10)
+            comm.send(np.ones(1), 0, tag=2)
             comm.send(np.ones(2), 0, tag=1)
             return None
         said = {}
@@ -205,11 +209,12 @@ def test_a_second_thread_is_refused_while_a_send_posted_inline_is_in_flight():
             except Exception as err:   # asserted on below
                 said["error"] = err
         t = threading.Thread(target=intruder, name="intruder")
-        work = comm.send(np.zeros(1), 1, tag=2, async_op=True)   # rank 1 answers once it sees this
+        work = comm.recv(np.zeros(1), 1, tag=2, async_op=True)   # in flight until rank 1 sends
         t.start()
         t.join(10)
-        got = comm.recv(np.zeros(2), 1, tag=1)
+        intruder_ran.set()
         work.wait(10)
+        got = comm.recv(np.zeros(2), 1, tag=1)
         return said["error"], got
     err, got = run_threads(2, body, timeout=10)[0]
     from ringcomm import UsageError
