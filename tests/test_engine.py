@@ -4,20 +4,7 @@ import threading
 
 from ringcomm.core.progress import Engine
 from ringcomm.errors import UsageError
-
-
-def in_thread(fn):
-    box = {}
-
-    def run():
-        try:
-            box["result"] = fn()
-        except BaseException as err:   # noqa: BLE001 - handed back to the test
-            box["error"] = err
-    t = threading.Thread(target=run, name="other")
-    t.start()
-    t.join(10)
-    return box
+from thread_util import in_thread
 
 
 def test_an_inline_call_refuses_a_second_thread_and_frees_the_engine_when_released():
@@ -26,14 +13,14 @@ def test_an_inline_call_refuses_a_second_thread_and_frees_the_engine_when_releas
     with engine.state:
         assert engine.claim_inline(me)
         assert not engine.idle()
-    box = in_thread(lambda: engine.admit("all_reduce on rank 0"))
-    assert isinstance(box.get("error"), UsageError) and "MainThread" in str(box["error"])
+    _, err = in_thread(lambda: engine.admit("all_reduce on rank 0"))
+    assert isinstance(err, UsageError) and "MainThread" in str(err)
     with engine.state:
         assert not engine.claim_inline(me), "a second inline claim while one runs"
     engine.release_inline()
     assert not engine.exec.locked()
-    box = in_thread(lambda: engine.admit("all_reduce on rank 0"))
-    assert box.get("result") is not None and "error" not in box
+    result, err = in_thread(lambda: engine.admit("all_reduce on rank 0"))
+    assert result is not None and err is None
     with engine.state:
         assert engine.idle()
 
@@ -68,6 +55,6 @@ def test_work_queued_by_a_delegate_during_an_inline_call_keeps_its_count():
         with engine.state:
             engine.outstanding += 1   # what enqueue does, without starting a thread
         box["queued"] = True
-    assert "error" not in in_thread(delegate) and box
+    assert in_thread(delegate)[1] is None and box
     engine.release_inline()
     assert engine.outstanding == 1 and engine.inline is None

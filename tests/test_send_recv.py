@@ -7,6 +7,7 @@ import torch
 
 from ringcomm import CommError, CommTimeoutError, MismatchError
 from ringcomm.testing import run_threads
+from thread_util import in_thread
 
 
 def test_messages_of_one_tag_arrive_in_order_and_tags_are_separate_streams():
@@ -200,22 +201,12 @@ def test_a_second_thread_is_refused_while_a_call_posted_inline_is_in_flight():
             comm.send(np.ones(1), 0, tag=2)
             comm.send(np.ones(2), 0, tag=1)
             return None
-        said = {}
-
-        def intruder():
-            try:
-                comm.send(np.ones(2), 1, tag=9)
-                said["error"] = None
-            except Exception as err:   # asserted on below
-                said["error"] = err
-        t = threading.Thread(target=intruder, name="intruder")
         work = comm.recv(np.zeros(1), 1, tag=2, async_op=True)   # in flight until rank 1 sends
-        t.start()
-        t.join(10)
+        _, err = in_thread(lambda: comm.send(np.ones(2), 1, tag=9), timeout=10)
         intruder_ran.set()
         work.wait(10)
         got = comm.recv(np.zeros(2), 1, tag=1)
-        return said["error"], got
+        return err, got
     err, got = run_threads(2, body, timeout=10)[0]
     from ringcomm import UsageError
     assert isinstance(err, UsageError) and "'intruder'" in str(err) and "in flight" in str(err), err

@@ -8,6 +8,7 @@ import pytest
 
 from ringcomm import UsageError
 from ringcomm.testing import run_threads
+from thread_util import in_thread
 
 
 def test_split_groups_by_color_orders_by_key_then_rank_and_none_opts_out():
@@ -131,23 +132,15 @@ def test_a_second_thread_on_one_communicator_is_refused_naming_both_threads():
         # A receive the peer answers only after both intruders ran: in flight, however slow the machine.
         peer, inbox = 1 - comm.rank, np.zeros(4)
         works = [comm.recv(inbox, src=peer, async_op=True)]
-        caught = []
-
-        def intruder():
-            try:
-                comm.all_reduce(np.ones(4))
-            except UsageError as err:
-                caught.append(str(err))
-        th = threading.Thread(target=intruder, name="intruder")
-        th.start()
-        th.join()
+        _, caught = in_thread(lambda: comm.all_reduce(np.ones(4)))
         intruded.wait(60)
         comm.send(np.ones(4), dst=peer)
         for w in works:
             w.wait(60)
         return caught
     for caught in run_threads(2, body):
-        assert caught and "intruder" in caught[0] and "MainThread" not in caught[0] and "comm.dup()" in caught[0]
+        assert isinstance(caught, UsageError) and "intruder" in str(caught) and "MainThread" not in str(caught) \
+            and "comm.dup()" in str(caught)
 
 
 def test_split_of_a_communicator_whose_ranks_disagree_on_the_call_is_an_error():
