@@ -161,7 +161,9 @@ class Communicator:
 
     # ---- point to point ---------------------------------------------------------------------------
     def send(self, x, dst, tag=0, *, async_op=False):
-        """Send x to rank ``dst``; matched by the receive of ``dst`` with the same tag, in order."""
+        """Send x to rank ``dst``; matched by the receive of ``dst`` with the same tag, in order.
+        As with MPI_Isend, ``x`` must not change until the send completes (``async_op``: until
+        its Work's wait returns): a large send is read by the receiver straight from ``x``."""
         return self._point_to_point(SEND.prepare(self, x, dst, tag), async_op)
 
     def recv(self, out, src, tag=0, *, async_op=False):
@@ -701,12 +703,13 @@ class Communicator:
         deadline = deadline_of(self.timeout)
         watch = _P2PWatch(self, call, work.description, deadline)
         if call.name == "send":
-            # Staged until it completes: a large send is read by its receiver straight out of
-            # this process (CMA) instead of through the staging pool or MPI. Host sends below
-            # that size skip the staging, which would cost as much as the send.
+            # Staged until it completes: a send from 1 MiB on (cma.P2P_MIN_BYTES) is read by
+            # its receiver straight out of this process (CMA) instead of through the staging
+            # pool or MPI. Host sends below that size skip the staging, which would cost as much
+            # as the send.
             staged = contextlib.ExitStack()
-            if type(flat) is not np.ndarray or transport.stages(flat.nbytes):
-                staged.enter_context(transport.stage((flat,)))
+            if type(flat) is not np.ndarray or transport.stages(flat.nbytes, p2p=True):
+                staged.enter_context(transport.stage((flat,), p2p=True))
             try:
                 request = transport.isend(flat, call.peer, tag)
             except BaseException:

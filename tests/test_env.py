@@ -16,6 +16,7 @@ BAD = {
     "RINGCOMM_FLIGHT_RECORDER": "0",
     "RINGCOMM_SHM_CMA": "maybe",
     "RINGCOMM_SHM_CMA_MIN": "-5",
+    "RINGCOMM_SHM_CMA_P2P_MIN": "64 kilobytes",
     "RINGCOMM_SHM_POOL": "lots",
     "RINGCOMM_SHM_UNSAFE_ORDERING": "perhaps",
     "RINGCOMM_FAULT": "nonsense",
@@ -35,7 +36,8 @@ def test_a_bad_value_names_the_variable_the_value_and_what_is_accepted(monkeypat
         env.get(name)
     message = str(info.value)
     assert name in message and repr(value) in message
-    if name not in ("RINGCOMM_ALGO", "RINGCOMM_FAULT", "RINGCOMM_SHM_CMA_MIN", "RINGCOMM_SHM_POOL"):
+    if name not in ("RINGCOMM_ALGO", "RINGCOMM_FAULT", "RINGCOMM_SHM_CMA_MIN", "RINGCOMM_SHM_CMA_P2P_MIN",
+                    "RINGCOMM_SHM_POOL"):
         assert env.VARIABLES[name].accepted in message, message
     with pytest.raises(UsageError, match=name):
         env.check_all()

@@ -94,15 +94,16 @@ class Transport(ABC):
         keeps results bitwise identical across ranks."""
         return ReduceOnWait(self.irecv(scratch, peer, tag), buf, scratch, reduce, own)
 
-    def stages(self, nbytes: int) -> bool:
+    def stages(self, nbytes: int, p2p: bool = False) -> bool:
         """Whether ``stage`` does anything for host arrays of at most ``nbytes`` (False: a caller
         may skip it; entering it costs several microseconds, a send of 1 KiB not many more)."""
         return False
 
     @contextlib.contextmanager
-    def stage(self, arrays: tuple) -> Iterator[None]:
-        """Bracket one collective: ``arrays`` are the flat arrays it sends from and receives into
-        (its named buffers). Sends may come from any of them, receives land in them directly."""
+    def stage(self, arrays: tuple, p2p: bool = False) -> Iterator[None]:
+        """Bracket one collective (``p2p``: one send): ``arrays`` are the flat arrays it sends
+        from and receives into (its named buffers). Sends may come from any of them, receives
+        land in them directly."""
         yield
 
     def probe(self, source: Optional[int], tag: Optional[int] = None, context: int = 0) -> Optional[tuple]:

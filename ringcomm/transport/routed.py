@@ -95,18 +95,18 @@ class RoutedTransport(Transport):
                 return found
         return None
 
-    def stages(self, nbytes):
-        return any(t.stages(nbytes) for t in self.transports)
+    def stages(self, nbytes, p2p=False):
+        return any(t.stages(nbytes, p2p) for t in self.transports)
 
     @contextlib.contextmanager
-    def stage(self, arrays):
+    def stage(self, arrays, p2p=False):
         if arrays and is_device_array(arrays[0]) and self.routes:
-            with self.device_transport().stage(arrays):
+            with self.device_transport().stage(arrays, p2p):
                 yield
             return
         with contextlib.ExitStack() as stack:
             for t in self.transports:
-                stack.enter_context(t.stage(arrays))
+                stack.enter_context(t.stage(arrays, p2p))
             yield
 
     # ---- the device route --------------------------------------------------------------------------

@@ -52,11 +52,11 @@ class TransportView(Transport):
         self._check()
         return self.base.irecv_reduce(buf, self.members[peer], tag | self._shift, reduce, scratch, own)
 
-    def stages(self, nbytes):
-        return self.base.stages(nbytes)
+    def stages(self, nbytes, p2p=False):
+        return self.base.stages(nbytes, p2p)
 
-    def stage(self, arrays):
-        return self.base.stage(arrays)
+    def stage(self, arrays, p2p=False):
+        return self.base.stage(arrays, p2p)
 
     def probe(self, source, tag=None, context=0):
         found = self.base.probe(None if source is None else self.members[source],

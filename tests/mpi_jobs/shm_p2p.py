@@ -89,6 +89,20 @@ with t.stage((plain,)):
 assert np.array_equal(got, plain[:1000] - rank + left)
 t.cma_min_bytes = 1 << 60
 
+# 3c. A send (comm.send stages with p2p=True) is read by CMA from cma_p2p_min_bytes, far below a
+#     collective's floor: one copy instead of two, and no reduction to keep in cache.
+floor = t.cma_p2p_min_bytes
+assert floor < t.cma_min_bytes and t.stages(floor, p2p=True) == (t.direct_reads == "cma")
+assert not t.stages(floor - 1, p2p=True) and not t.stages(floor)
+message = np.arange(floor // 8, dtype=np.float64) * (rank + 1)
+got = np.zeros_like(message)
+with t.stage((message,), p2p=True):
+    s = t.isend(message, right, 15)
+    both(t.irecv(got, left, 15), s)
+assert s.seg == (CMA if t.direct_reads == "cma" else POOL), s.seg
+assert np.array_equal(got, np.arange(floor // 8) * (left + 1.0))
+assert not t._staged   # the range is released with the stage
+
 # 4. A private array nobody staged goes through the pool; one larger than a share goes over MPI,
 #    reduce included; the pool is empty again once the receives are done.
 outside, into = np.full(1000, float(rank)), np.ones(1000)

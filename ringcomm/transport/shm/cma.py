@@ -34,6 +34,12 @@ CHUNK = 1 << 20          # bytes read per system call before reducing: stays in 
 # fast, and process_vm_readv pins every page it reads, which then dominates (2 ranks here: the
 # ring at 256 KiB-16 MiB took 1.2-1.6x longer with CMA, at 64 MiB 0.75x; docs/transports.md).
 MIN_BYTES = 32 << 20
+# A send (comm.send) is one copy by CMA against two through the pool (the sender's copy in, the
+# receiver's copy out), and no reduction follows, so it pays for the pinning much sooner than a
+# collective: 2 ranks exchanging messages (allreduce_perf.py --collective sendrecv, alternating
+# launches with this floor at 64K and at 1G) took 0.75-0.82x the pooled time at 1 MiB, 0.70x at 4
+# MiB, the same at 512 KiB, and 1.0-1.3x longer at 64-256 KiB (docs/transports.md).
+P2P_MIN_BYTES = 1 << 20
 
 
 class _IoVec(ctypes.Structure):
@@ -77,6 +83,12 @@ def min_bytes() -> int:
     """RINGCOMM_SHM_CMA_MIN (bytes, e.g. 32M), else MIN_BYTES."""
     value = env.get("RINGCOMM_SHM_CMA_MIN")
     return MIN_BYTES if value is None else value
+
+
+def p2p_min_bytes() -> int:
+    """RINGCOMM_SHM_CMA_P2P_MIN (bytes), else P2P_MIN_BYTES."""
+    value = env.get("RINGCOMM_SHM_CMA_P2P_MIN")
+    return P2P_MIN_BYTES if value is None else value
 
 
 def blocked() -> Optional[str]:

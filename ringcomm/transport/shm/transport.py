@@ -6,8 +6,9 @@ from there into its own buffer, then acknowledges. Where the payload is read fro
 sender's decision, per send:
 
 - the send's range lies in a segment from ``allocate`` (DDP buckets): read in place;
-- it lies in an array of a collective of at least ``cma_min_bytes`` staged with ``stage`` and
-  the node can use CMA: read out of the sender's process (cma.py);
+- it lies in an array of a collective of at least ``cma_min_bytes`` (a send of at least
+  ``cma_p2p_min_bytes``) staged with ``stage`` and the node can use CMA: read out of the
+  sender's process (cma.py);
 - otherwise: copied into this rank's staging pool (staging.py), read from there;
 - the pool has no room for it and must not wait (staging.py says when), or it is larger than a
   pool share: the bytes go over the node's MPI communicator ("payload over MPI").
@@ -231,6 +232,7 @@ class ShmTransport(Transport):
         self.direct_reads = "cma" if why is None else f"off: {why}"
         self._direct = why is None
         self.cma_min_bytes = cma.min_bytes()
+        self.cma_p2p_min_bytes = cma.p2p_min_bytes()
         whole_job = self.ranks == list(range(self.size))
         self.window = self._make_window(self.window_regions(0)) if whole_job else None
 
@@ -441,20 +443,21 @@ class ShmTransport(Transport):
                 return seg.seg_id, addr - seg.addr
         return None
 
-    def stages(self, nbytes: int) -> bool:
-        return bool(self._direct and nbytes and nbytes >= self.cma_min_bytes)
+    def stages(self, nbytes: int, p2p: bool = False) -> bool:
+        return bool(self._direct and nbytes and nbytes >= (self.cma_p2p_min_bytes if p2p else self.cma_min_bytes))
 
     @contextlib.contextmanager
-    def stage(self, arrays: tuple):
+    def stage(self, arrays: tuple, p2p: bool = False):
         """Bracket one collective over ``arrays`` (the flat arrays it sends from and receives
-        into). Receives land in them directly. If the collective is at least ``cma_min_bytes``
-        and the node reads by CMA, peers read what this rank sends from them straight out of
-        this process; other sends from private memory go through the staging pool."""
+        into), or one send (``p2p``). Receives land in them directly. If the collective is at
+        least ``cma_min_bytes`` (a send: ``cma_p2p_min_bytes``) and the node reads by CMA, peers
+        read what this rank sends from them straight out of this process; other sends from
+        private memory go through the staging pool."""
         largest = 0
         for a in arrays:
             self._check_array(a)
             largest = max(largest, a.nbytes)
-        if not self.stages(largest):
+        if not self.stages(largest, p2p):
             yield
             return
         ranges = [(address(a), address(a) + a.nbytes) for a in arrays if a.nbytes]
