@@ -6,8 +6,10 @@ MPI, big tags, threads, window regions, mismatches, timeouts and aborts.
 Runs with direct reads of private memory (CMA) or, under RINGCOMM_SHM_CMA=0, without.
 """
 import shm_guard  # noqa: F401  (first: a failure on one rank ends the job)
+import gc
 import threading
 import time
+import weakref
 
 import numpy as np
 from mpi4py import MPI
@@ -102,6 +104,23 @@ with t.stage((message,), p2p=True):
 assert s.seg == (CMA if t.direct_reads == "cma" else POOL), s.seg
 assert np.array_equal(got, np.arange(floor // 8) * (left + 1.0))
 assert not t._staged   # the range is released with the stage
+# A send read by CMA whose request and array the caller dropped before the receiver came (a
+# communicator closed with it unmatched): the transport holds the array until it is acknowledged,
+# so the receiver never reads memory that was freed and reused.
+message = np.full(floor // 8, 3.0 + rank)
+held = weakref.ref(message)
+with t.stage((message,), p2p=True):
+    t.isend(message, right, 16)
+del message
+gc.collect()
+assert held() is not None or t.direct_reads != "cma"
+world.Barrier()
+got = np.zeros(floor // 8)
+assert t.irecv(got, left, 16).wait(30) and np.array_equal(got, np.full(floor // 8, 3.0 + left))
+world.Barrier()
+t.progress()   # the acknowledgement lets it go
+gc.collect()
+assert held() is None
 
 # 4. A private array nobody staged goes through the pool; one larger than a share goes over MPI,
 #    reduce included; the pool is empty again once the receives are done.
@@ -194,7 +213,16 @@ assert t.irecv(np.zeros(1), left, 11).wait(0.3) is False
 assert time.monotonic() - start < 10
 world.Barrier()
 
-# 10. Abort on one rank releases a peer waiting on it.
+# 10. A send read by CMA that nobody receives before close(): its array outlives the transport
+#     (a peer may receive it later, out of this process), even with every reference dropped.
+late = np.full(t.cma_p2p_min_bytes // 8, 1.0)
+kept = weakref.ref(late)
+with t.stage((late,), p2p=True):
+    t.isend(late, right, 17)
+del late
+world.Barrier()
+
+# 11. Abort on one rank releases a peer waiting on it.
 if rank == 1:
     t.abort(RuntimeError("test abort"))
     world.Barrier()
@@ -209,4 +237,6 @@ else:
     world.Barrier()
 print(f"rank {rank} direct_reads={t.direct_reads!r}", flush=True)
 t.close()
+gc.collect()
+assert kept() is not None or t.direct_reads != "cma"
 print(f"rank {rank} ok")

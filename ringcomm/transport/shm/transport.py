@@ -63,6 +63,10 @@ WINDOW_SLOTS = 8          # one-shot window regions per rank (slot 0: ``transpor
 TAG_LIMIT = 1 << 62
 _BY_NAME = object()       # _create_once: peers could not open segments by descriptor
 PAGE = 4096
+# Arrays of sends that peers read by CMA and had not acknowledged when their transport closed: a
+# peer may still receive one (its descriptor is out), so it must not be freed and reused while
+# this process lives. Only a send left unmatched at close() lands here.
+_UNREAD: list = []
 
 
 class Layout:
@@ -83,7 +87,7 @@ class Layout:
 
 
 class _Send(Request):
-    __slots__ = ("t", "peer", "tag", "ord", "buf", "seg", "off", "slot", "num", "mpi", "keep", "pooled")
+    __slots__ = ("t", "peer", "tag", "ord", "buf", "seg", "off", "slot", "num", "mpi", "keep", "pooled", "held")
 
     def __init__(self, t, peer, tag, ordinal, buf):
         self.t, self.peer, self.tag, self.ord, self.buf = t, peer, tag, ordinal, buf
@@ -91,6 +95,7 @@ class _Send(Request):
         self.slot = self.num = -1
         self.mpi = self.keep = None
         self.pooled = False   # holds pool space until acknowledged
+        self.held = False     # published and kept in the transport's _inflight until acknowledged
 
     def test(self) -> bool:
         t = self.t
@@ -190,7 +195,7 @@ class ShmTransport(Transport):
         self._plain: list = [{} for _ in range(self.n)]      # (tag, ord) -> posted copy-receive
         self._slots_used = {0}   # window slots given to communicators of this rank (0: the job's)
         self._mpi_in: list = [{} for _ in range(self.n)]     # (tag, ord) -> (MPI request, bytes)
-        self._inflight: list = [deque() for _ in range(self.n)]   # published sends holding pool space
+        self._inflight: list = [deque() for _ in range(self.n)]   # published sends holding pool space or read by CMA
         self._orphans: list = []                       # MPI receives of refused messages, left to finish
         self._setup()
 
@@ -551,7 +556,11 @@ class ShmTransport(Transport):
                 self._send_outside(req)
             self._before_publish()
             req.slot, req.num = out.publish(req.tag, req.ord, req.seg, req.off, req.buf.nbytes)
-            if req.pooled:
+            if req.pooled or req.seg == CMA:
+                # Held until acknowledged: its pool space, or the array the receiver reads by
+                # CMA, which must outlive a request its caller dropped (a communicator closed
+                # with the send unmatched) or the receiver could read reused memory.
+                req.held = True
                 self._inflight[p].append(req)
             if self._fault is not None and req.seg != EMPTY:
                 self._sent += 1
@@ -567,13 +576,15 @@ class ShmTransport(Transport):
             return False
         if not self._out[req.peer].acked(req.slot, req.num):
             return False
-        if req.pooled:
+        if req.held:
             self._release(req)
         return True
 
     def _release(self, req: _Send) -> None:
-        req.pooled = False
-        self.pool.release(req.peer, req.off)
+        req.held = False
+        if req.pooled:
+            req.pooled = False
+            self.pool.release(req.peer, req.off)
         with contextlib.suppress(ValueError):
             self._inflight[req.peer].remove(req)
 
@@ -808,6 +819,9 @@ class ShmTransport(Transport):
             if self._closed:
                 return
             self._closed = True
+            _UNREAD.extend(req.buf for held in self._inflight for req in held if req.seg == CMA)
+            for held in self._inflight:
+                held.clear()
             for plain in self._plain:
                 plain.clear()
             self._data.clear()
