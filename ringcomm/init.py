@@ -64,7 +64,7 @@ def init(backend: Optional[str] = None, *, timeout: Optional[float] = None) -> C
                             local_size=topology.local_size, node_count=topology.node_count,
                             topology=topology)
         comm.selector.set_host(ranks_here, polling.cores())
-        _direct_reads_from(comm, comm.selector.tuning.cma_min)
+        _direct_reads_from(comm, comm.selector.tuning)
         return comm
     except BaseException:
         world.Free()   # a failed init leaves no MPI communicator behind
@@ -89,7 +89,7 @@ def init_from_store(store, rank: int, size: int, *, timeout: Optional[float] = N
                         node_count=topology.node_count, topology=topology)
     comm._store = store   # the node's later handshakes (allocate) still meet in it
     comm.selector.set_host(topology.local_size, polling.cores())
-    _direct_reads_from(comm, comm.selector.tuning.cma_min)
+    _direct_reads_from(comm, comm.selector.tuning)
     return comm
 
 
@@ -293,12 +293,15 @@ def _agree_with_launchers(world, views: list) -> None:
                   "no torchrun or Slurm variables say otherwise")
 
 
-def _direct_reads_from(comm: Communicator, measured) -> None:
-    """The size from which the shared-memory transport reads peers directly (CMA) instead of
-    staging: RINGCOMM_SHM_CMA_MIN if set, else what ``ringcomm.tune`` measured on this machine,
-    else the transport's default. Every rank of a node reads the same tuning file, so they agree."""
-    if measured is None or env.get("RINGCOMM_SHM_CMA_MIN") is not None:
-        return
-    for transport in (getattr(comm.transport, "routes", None) or {}).values():
-        if hasattr(transport, "cma_min_bytes"):
-            transport.cma_min_bytes = measured
+def _direct_reads_from(comm: Communicator, tuning) -> None:
+    """The sizes from which the shared-memory transport reads peers directly (CMA) instead of
+    staging, for collectives and for sends: RINGCOMM_SHM_CMA_MIN / RINGCOMM_SHM_CMA_P2P_MIN if
+    set, else what ``ringcomm.tune`` measured on this machine, else the transport's defaults.
+    Every rank of a node reads the same tuning file, so they agree."""
+    for attr, measured, variable in (("cma_min_bytes", tuning.cma_min, "RINGCOMM_SHM_CMA_MIN"),
+                                     ("cma_p2p_min_bytes", tuning.cma_p2p_min, "RINGCOMM_SHM_CMA_P2P_MIN")):
+        if measured is None or env.get(variable) is not None:
+            continue
+        for transport in (getattr(comm.transport, "routes", None) or {}).values():
+            if hasattr(transport, attr):
+                setattr(transport, attr, measured)

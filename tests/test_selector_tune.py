@@ -1,5 +1,7 @@
 """`mpirun -n 2 python -m ringcomm.tune` writes a file that a new job loads and selects with."""
 
+import re
+
 import pytest
 
 from mpi_util import run_mpi
@@ -32,20 +34,32 @@ def test_tune_writes_a_loadable_file_and_keeps_other_shapes(tmp_path, monkeypatc
     # job's shared-memory transport reads directly from it, unless RINGCOMM_SHM_CMA_MIN says otherwise.
     assert "direct reads (CMA) against staging" in proc.stdout, proc.stdout
     assert tuning.cma_min in (1 << 20, 2 << 20, 4 << 20)
+    # The same for sends (128 KiB to 2 MiB in --quick).
+    assert "direct reads (CMA) against staging, sendrecv" in proc.stdout, proc.stdout
+    assert tuning.cma_p2p_min in [128 << 10 << k for k in range(6)]
     shown = run_mpi(2, "show_cma_floor.py", env={"RINGCOMM_TUNING_FILE": str(out)}, timeout=60)
-    assert shown.stdout.count(f"cma_min_bytes={tuning.cma_min}") == 2, shown.stdout
-    shown = run_mpi(2, "show_cma_floor.py", env={"RINGCOMM_TUNING_FILE": str(out), "RINGCOMM_SHM_CMA_MIN": "3M"},
-                    timeout=60)
-    assert shown.stdout.count(f"cma_min_bytes={3 << 20}") == 2, shown.stdout
+    assert floors(shown.stdout) == {"cma_min_bytes": [tuning.cma_min] * 2,
+                                    "cma_p2p_min_bytes": [tuning.cma_p2p_min] * 2}, shown.stdout
+    shown = run_mpi(2, "show_cma_floor.py", env={"RINGCOMM_TUNING_FILE": str(out), "RINGCOMM_SHM_CMA_MIN": "3M",
+                                                 "RINGCOMM_SHM_CMA_P2P_MIN": "5M"}, timeout=60)
+    assert floors(shown.stdout) == {"cma_min_bytes": [3 << 20] * 2, "cma_p2p_min_bytes": [5 << 20] * 2}, shown.stdout
 
 
-def test_a_tuning_file_with_a_bad_cma_floor_is_refused_naming_the_field(tmp_path):
+def floors(stdout: str) -> dict:
+    """What show_cma_floor.py printed: each floor's value on every rank (the ranks' lines may
+    interleave mid-line)."""
+    return {name: [int(v) for v in re.findall(rf"\b{name}=(\d+)", stdout)]
+            for name in ("cma_min_bytes", "cma_p2p_min_bytes")}
+
+
+@pytest.mark.parametrize("field", ["cma_min", "cma_p2p_min"])
+def test_a_tuning_file_with_a_bad_cma_floor_is_refused_naming_the_field(tmp_path, field):
     from ringcomm.errors import UsageError
     from ringcomm.selection.tuning import Tuning, save_tuning
-    path = save_tuning(Tuning(cma_min=5 << 20), tmp_path / "t.json")
-    assert load_tuning(path).cma_min == 5 << 20
+    path = save_tuning(Tuning(**{field: 5 << 20}), tmp_path / "t.json")
+    assert getattr(load_tuning(path), field) == 5 << 20
     path.write_text(path.read_text().replace(str(5 << 20), "-1"))
-    with pytest.raises(UsageError, match="cma_min"):
+    with pytest.raises(UsageError, match=f'"{field}"'):
         load_tuning(path)
 
 

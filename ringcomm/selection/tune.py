@@ -9,7 +9,8 @@
    a least-squares fit of t(S) = alpha + S beta, weighted so small and large sizes count alike.
 2. gamma per dtype: the reduction kernel itself, timed on rank 0.
 3. the size from which the shared-memory transport reads peers directly (CMA) rather than
-   staging: both timed, interleaved, from 1 MiB to 64 MiB (``--quick``: to --max-size).
+   staging: both timed, interleaved, for all-reduces from 1 MiB to 64 MiB and for sends from
+   128 KiB to 16 MiB (``--quick``: to --max-size, at least 2 MiB).
 4. the real crossover points: every all-reduce algorithm, interleaved, at every doubling from
    8 B to 32 MiB (medians of --rounds samples). The selector uses these measured times for exactly this job shape and the fitted
    model everywhere else.
@@ -239,47 +240,78 @@ def direct_reader(comm):
 def measure_cma_floor(comm, rounds: int, budget: float, top: int = 64 << 20) -> Optional[tuple]:
     """(bytes, {size: (staged s, direct s)}): the smallest all-reduce size from which reading
     peers directly (CMA) beats staging through shared memory at it and at every larger size
-    measured, timed interleaved, auto algorithm. None when this job cannot read directly. Where
-    direct never wins, the floor is twice the largest size: staging everywhere measured."""
+    measured, auto algorithm. None when this job cannot read directly."""
+    import numpy as np
+    sizes = [s for s in (1 << 20, 2 << 20, 4 << 20, 8 << 20, 16 << 20, 32 << 20, 64 << 20) if s <= top]
+
+    def case(nbytes):
+        x = np.zeros(nbytes // 4, np.float32)
+        return lambda: comm.all_reduce(x)
+    return _cma_floor(comm, "cma_min_bytes", sizes, case, rounds, budget)
+
+
+def measure_p2p_cma_floor(comm, rounds: int, budget: float, top: int = 16 << 20) -> Optional[tuple]:
+    """The same for sends (``cma_p2p_min_bytes``): every rank sends to its right neighbour and
+    receives from its left at once (benchmarks/allreduce_perf.py --collective sendrecv), from
+    128 KiB. A send is copied, not reduced, so CMA pays for itself far sooner than in a collective."""
+    import numpy as np
+    sizes = [128 << 10 << k for k in range(12) if 128 << 10 << k <= top]
+    right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+
+    def case(nbytes):
+        x, y = np.zeros(nbytes // 4, np.float32), np.zeros(nbytes // 4, np.float32)
+
+        def exchange():
+            work = comm.send(x, right, async_op=True)
+            comm.recv(y, left)
+            work.wait()
+        return exchange
+    return _cma_floor(comm, "cma_p2p_min_bytes", sizes, case, rounds, budget)
+
+
+def _cma_floor(comm, floor: str, sizes: list, case, rounds: int, budget: float) -> Optional[tuple]:
+    """Time ``case(nbytes)()`` at each size with the shm transport's ``floor`` attribute set so
+    that nothing reads directly (staged) and so that everything does (direct), interleaved. The
+    result is the smallest size from which direct wins at it and at every larger size; where
+    direct never wins, twice the largest size: staging everywhere measured."""
     import numpy as np
     shm = direct_reader(comm)
-    if shm is None:
+    if shm is None or not sizes:
         return None
-    sizes = [s for s in (1 << 20, 2 << 20, 4 << 20, 8 << 20, 16 << 20, 32 << 20, 64 << 20) if s <= top]
-    old, table = shm.cma_min_bytes, {}
+    old, table = getattr(shm, floor), {}
     modes = ((1 << 62), 0)   # staged (a floor no call reaches), direct (every call)
     try:
         for nbytes in sizes:
-            x = np.zeros(nbytes // 4, np.float32)
+            run = case(nbytes)
             samples = {m: [] for m in modes}
             for mode in modes:
-                shm.cma_min_bytes = mode
-                comm.all_reduce(x)   # segments and plans ready before timing
+                setattr(shm, floor, mode)
+                run()   # segments and plans ready before timing
             probe = time.perf_counter()
-            comm.all_reduce(x)
+            run()
             per = np.array([time.perf_counter() - probe])
             comm.broadcast(per)   # every rank runs the same number of calls
             iters = int(max(2, min(50, budget / max(per[0], 1e-6))))
             for r in range(rounds):
                 for mode in (modes if r % 2 == 0 else modes[::-1]):
-                    shm.cma_min_bytes = mode
+                    setattr(shm, floor, mode)
                     comm.barrier()
                     t0 = time.perf_counter()
                     for _ in range(iters):
-                        comm.all_reduce(x)
+                        run()
                     t = np.array([(time.perf_counter() - t0) / iters])
                     comm.all_reduce(t, op="max")   # every rank keeps the same figure
                     samples[mode].append(float(t[0]))
             table[nbytes] = tuple(statistics.median(samples[m]) for m in modes)
     finally:
-        shm.cma_min_bytes = old
-    floor = 2 * sizes[-1]
+        setattr(shm, floor, old)
+    found = 2 * sizes[-1]
     for nbytes in reversed(sizes):
         staged, direct = table[nbytes]
         if direct >= staged:
             break
-        floor = nbytes
-    return floor, table
+        found = nbytes
+    return found, table
 
 
 def crossovers(sizes, seconds: dict) -> list:
@@ -356,6 +388,8 @@ def main(argv=None) -> int:
     gammas = measure_gammas() if comm.rank == 0 else None
     cma = measure_cma_floor(comm, 3 if args.quick else args.rounds, 0.05 if args.quick else 0.2,
                             top=max(top, 2 << 20) if args.quick else 64 << 20)
+    p2p_cma = measure_p2p_cma_floor(comm, 3 if args.quick else args.rounds, 0.05 if args.quick else 0.2,
+                                    top=max(top, 2 << 20) if args.quick else 16 << 20)
     names = candidates(comm)
     seconds = time_all_reduce(comm, sizes, [(n, n) for n in names], 2 if args.quick else args.rounds,
                               0.01 if args.quick else 0.03)
@@ -390,10 +424,12 @@ def main(argv=None) -> int:
                              if (s.collective, s.local_sizes, s.routes) != ("all_reduce", shape, sweep.routes))
             except UsageError as err:   # an unusable old file is replaced, and the user told so
                 print(f"replacing it: {err}")
-        tuning = Tuning(links, gammas, kept + (sweep,), source="measured", cma_min=cma[0] if cma else None)
-        if cma:
-            print("direct reads (CMA) against staging, all_reduce auto: " + "  ".join(
-                f"{n >> 20}M {d / s:.2f}x" for n, (s, d) in cma[1].items()) + f"; from {cma[0] >> 20} MiB on")
+        tuning = Tuning(links, gammas, kept + (sweep,), source="measured", cma_min=cma[0] if cma else None,
+                        cma_p2p_min=p2p_cma[0] if p2p_cma else None)
+        for what, found in (("all_reduce auto", cma), ("sendrecv", p2p_cma)):
+            if found:
+                print(f"direct reads (CMA) against staging, {what}: " + "  ".join(
+                    f"{n >> 10}K {d / s:.2f}x" for n, (s, d) in found[1].items()) + f"; from {found[0] >> 10} KiB on")
         save_tuning(tuning, path, host=socket.gethostname(), ranks=comm.size, local_sizes=list(shape),
                     created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         for route in pairs:

@@ -109,6 +109,7 @@ class Tuning:
     sweeps: tuple = ()
     source: str = "built-in defaults"
     cma_min: Optional[int] = None   # bytes from which the shm transport reads peers directly (tune measures it)
+    cma_p2p_min: Optional[int] = None   # the same for sends (comm.send)
 
     def link(self, transport: str, dtype: str = "float32") -> Link:
         alpha, beta, *call = self.links.get(transport) or self.links.get("mpi") or DEFAULT_LINKS["mpi"]
@@ -141,6 +142,7 @@ class Tuning:
                         "routes": list(s.routes), "dtype": s.dtype, "sizes": list(s.sizes),
                         "seconds": {k: list(v) for k, v in s.seconds.items()}} for s in self.sweeps],
             **({} if self.cma_min is None else {"cma_min": self.cma_min}),
+            **({} if self.cma_p2p_min is None else {"cma_p2p_min": self.cma_p2p_min}),
         }
 
     @classmethod
@@ -204,10 +206,12 @@ class Tuning:
             if list(sizes) != sorted(set(sizes)) or any(len(v) != len(sizes) for v in seconds.values()):
                 raise bad(f"sweeps[{i}]: sizes must ascend and every algorithm needs one time per size")
             sweeps.append(sweep)
-        cma_min = data.get("cma_min")
-        if cma_min is not None and (isinstance(cma_min, bool) or not isinstance(cma_min, int) or cma_min < 0):
-            raise bad(f'"cma_min" must be a byte count >= 0, got {cma_min!r}')
-        return cls(links, gammas, tuple(sweeps), source=source, cma_min=cma_min)
+        floors = {}
+        for key in ("cma_min", "cma_p2p_min"):
+            value = floors[key] = data.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise bad(f'"{key}" must be a byte count >= 0, got {value!r}')
+        return cls(links, gammas, tuple(sweeps), source=source, **floors)
 
 
 DEFAULT_TUNING = Tuning()

@@ -2,6 +2,7 @@
 import ringcomm
 
 comm = ringcomm.init()
-floors = {t.cma_min_bytes for t in comm.transport.routes.values() if hasattr(t, "cma_min_bytes")}
-print(f"rank {comm.rank} cma_min_bytes={','.join(map(str, sorted(floors)))}", flush=True)
+for attr in ("cma_min_bytes", "cma_p2p_min_bytes"):
+    floors = {getattr(t, attr) for t in comm.transport.routes.values() if hasattr(t, attr)}
+    print(f"rank {comm.rank} {attr}={','.join(map(str, sorted(floors)))}", flush=True)
 comm.close()
