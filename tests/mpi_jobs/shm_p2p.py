@@ -6,6 +6,7 @@ MPI, big tags, threads, window regions, mismatches, timeouts and aborts.
 Runs with direct reads of private memory (CMA) or, under RINGCOMM_SHM_CMA=0, without.
 """
 import shm_guard  # noqa: F401  (first: a failure on one rank ends the job)
+import contextlib
 import gc
 import threading
 import time
@@ -194,11 +195,16 @@ for slot in range(WINDOW_SLOTS):
     assert t.window_regions(slot)[t.local[left]][100] == 1 + slot
 assert t.window is not None   # slot 0, over the whole job
 
-# 8. A size mismatch is an error on the receiver, not corruption, wherever the payload is.
-for source in ("segment", "pool", "mpi"):
-    payload = {"segment": buf[:4], "pool": np.ones(4), "mpi": np.ones(t.pool_share // 8 + 1)}[source]
+# 8. A size mismatch is an error on the receiver, not corruption, wherever the payload is: a
+#    segment, the pool, MPI, or the sender's own array read by CMA (a send past cma_p2p_min_bytes).
+for source in ("segment", "pool", "mpi", "cma"):
+    payload = {"segment": buf[:4], "pool": np.ones(4), "mpi": np.ones(t.pool_share // 8 + 1),
+               "cma": np.ones(t.cma_p2p_min_bytes // 8)}[source]
     into = np.zeros(3)
-    r, s = t.irecv(into, left, 10), t.isend(payload, right, 10)
+    with t.stage((payload,), p2p=True) if source == "cma" else contextlib.nullcontext():
+        r, s = t.irecv(into, left, 10), t.isend(payload, right, 10)
+    if source == "cma":
+        assert s.seg == (CMA if t.direct_reads == "cma" else POOL), s.seg
     try:
         r.wait(30)
         raise AssertionError(f"mismatch from the {source} not detected")
