@@ -6,8 +6,11 @@ root writes piece i+1 into its other slot while the others still read piece i (i
 they posted round i+1 only after reading round i-1 from that slot). Every round is also a
 barrier that checks every rank's stamp and root, so it needs no confirmation barrier after it.
 
-Bytes per rank: the root writes S, every other rank reads S. Cost: ceil(S/C) alpha_w + 2 S beta_w
-on the window link (the reads of all non-roots run at once, on their own cores).
+Bytes per rank: the root writes S, every other rank reads S. Cost: ceil(S/C) alpha_w +
+(S + min(S, C)) beta_w on the window link: the root's writes and the others' reads overlap but
+for the first piece (the reads of all non-roots run at once, on their own cores). Priced as two
+copies one after the other, it lost to direct from 4 MiB, which it beats by 10-30% at 4-64 MiB
+(docs/performance.md, round seven).
 """
 from __future__ import annotations
 
@@ -23,7 +26,8 @@ class OneShotBroadcast(WindowAlgorithm):
     collective = "broadcast"
 
     def seconds(self, nbytes, net: Network) -> float:
-        return math.ceil(nbytes / net.window_bytes) * net.window.alpha + 2 * nbytes * net.window.beta
+        first = min(nbytes, net.window_bytes)
+        return math.ceil(nbytes / net.window_bytes) * net.window.alpha + (nbytes + first) * net.window.beta
 
     def run(self, window, src, dst, shape, reducer, stamp, word, trouble) -> None:
         x, root = dst, shape.root
