@@ -5,31 +5,49 @@ import re
 import pytest
 
 from mpi_util import run_mpi
+from ringcomm import algorithms
 from ringcomm.selection.selector import Selector
-from ringcomm.selection.tuning import load_tuning
+from ringcomm.selection.tune import SWEPT
+from ringcomm.selection.tuning import Sweep, Tuning, load_tuning, save_tuning
+from test_shm_transport import cma_denied
 
 
 @pytest.mark.mpi
 def test_tune_writes_a_loadable_file_and_keeps_other_shapes(tmp_path, monkeypatch):
     out = tmp_path / "tuning.json"
+    # An older file: a sweep of another job shape (kept) and one of this shape (replaced).
+    other = Sweep("broadcast", (4,), ("shm", "shm"), "float32", (8, 64), {"binomial": (1e-5, 2e-5)})
+    stale = Sweep("broadcast", (2,), ("shm", "shm"), "float32", (8, 64), {"binomial": (1e-9, 1e-9)})
+    save_tuning(Tuning(sweeps=(other, stale)), out)
     env = {"RINGCOMM_TUNING_FILE": str(out), "RINGCOMM_ALGO": "all_reduce=tree"}   # neither steers tune
     proc = run_mpi(2, "selector_tune.py", "--quick", "--max-size", "128K", env=env, timeout=170)
     assert f"wrote {out}" in proc.stdout, proc.stdout
-    assert "measured crossovers" in proc.stdout
+    assert "all_reduce measured crossovers" in proc.stdout
     tuning = load_tuning(out)
     alpha, beta = tuning.links["mpi"]
     assert 0 < alpha < 0.01 and 0 < beta < 1e-6
-    (sweep,) = tuning.sweeps
+    assert len(tuning.sweeps) == len(SWEPT) + 1 and stale not in tuning.sweeps, tuning.sweeps
+    sweeps = {(s.collective, s.local_sizes): s for s in tuning.sweeps}
+    assert sorted(sweeps) == sorted([(c, (2,)) for c in SWEPT] + [("broadcast", (4,))]), sorted(sweeps)
+    assert sweeps["broadcast", (4,)] == other
+    sweep = sweeps["all_reduce", (2,)]
     assert sweep.local_sizes == (2,) and sweep.sizes[0] == 8 and sweep.sizes[-1] <= 128 << 10
     assert "hierarchical" not in sweep.seconds     # on one node it is a ring: not timed twice
+    skipped = {"hierarchical", "hierarchical_tree"} | ({"direct"} if cma_denied() else set())
+    for collective in SWEPT:   # every algorithm of every swept collective, at every size
+        timed = sweeps[collective, (2,)]
+        assert timed.sizes == sweep.sizes, (collective, timed.sizes)
+        assert set(timed.seconds) == set(algorithms.names(collective)) - skipped, (collective, timed.seconds)
+        assert all(0 < t < 1 for ts in timed.seconds.values() for t in ts), timed.seconds
     # The job ran over shared memory, so one-shot was timed and the window link fitted from it.
     assert "one_shot" in sweep.seconds
     alpha_w, beta_w = tuning.links[f"{sweep.routes[0]}-window"]
     assert 0 < alpha_w < 0.01 and 0 < beta_w < 1e-6   # a sane fit; a loaded machine stretches rounds to ms
     monkeypatch.setenv("RINGCOMM_TUNING_FILE", str(out))
     monkeypatch.delenv("RINGCOMM_ALGO", raising=False)
-    choice = Selector.from_env().explain("all_reduce", 1024, 2, routes=sweep.routes)   # as tune ran it (shm here)
-    assert choice.measured and choice.algorithm == min(choice.measured, key=choice.measured.get)
+    for collective in SWEPT:   # as tune ran it (shm here): each collective by its own sweep
+        choice = Selector.from_env().explain(collective, 1024, 2, routes=sweep.routes)
+        assert choice.measured and choice.algorithm == min(choice.measured, key=choice.measured.get), choice
     # The CMA floor was measured (staged against direct reads, 1 and 2 MiB in --quick) and a new
     # job's shared-memory transport reads directly from it, unless RINGCOMM_SHM_CMA_MIN says otherwise.
     assert "direct reads (CMA) against staging" in proc.stdout, proc.stdout
@@ -37,6 +55,11 @@ def test_tune_writes_a_loadable_file_and_keeps_other_shapes(tmp_path, monkeypatc
     # The same for sends (128 KiB to 2 MiB in --quick).
     assert "direct reads (CMA) against staging, sendrecv" in proc.stdout, proc.stdout
     assert tuning.cma_p2p_min in [128 << 10 << k for k in range(6)]
+    # --check times auto (run as forced: the same road as the others) against every algorithm.
+    checked = run_mpi(2, "selector_tune.py", "--check", "--quick", "--max-size", "4K",
+                      env={"RINGCOMM_TUNING_FILE": str(out)}, timeout=120)
+    assert all(f"{c}\n" in checked.stdout for c in SWEPT), checked.stdout   # 8 B, 64 B, 512 B, 4 KiB each
+    assert re.search(rf"best forced algorithm at \d+ of {4 * len(SWEPT)} points", checked.stdout), checked.stdout
     shown = run_mpi(2, "show_cma_floor.py", env={"RINGCOMM_TUNING_FILE": str(out)}, timeout=60)
     assert floors(shown.stdout) == {"cma_min_bytes": [tuning.cma_min] * 2,
                                     "cma_p2p_min_bytes": [tuning.cma_p2p_min] * 2}, shown.stdout

@@ -11,9 +11,10 @@
 3. the size from which the shared-memory transport reads peers directly (CMA) rather than
    staging: both timed, interleaved, for all-reduces from 1 MiB to 64 MiB and for sends from
    128 KiB to 16 MiB (``--quick``: to --max-size, at least 2 MiB).
-4. the real crossover points: every all-reduce algorithm, interleaved, at every doubling from
-   8 B to 32 MiB (medians of --rounds samples). The selector uses these measured times for exactly this job shape and the fitted
-   model everywhere else.
+4. the real crossover points: every algorithm of all_reduce, broadcast, all_gather and
+   reduce_scatter (``SWEPT``), interleaved, at every doubling from 8 B to 32 MiB (medians of
+   --rounds samples). The selector uses these measured times for exactly this job shape and
+   the fitted model everywhere else; the links are fitted to the all-reduce sweep.
 
 The file goes to ``--out``, else ``RINGCOMM_TUNING_FILE``, else ~/.cache/ringcomm/tuning.json
 ($XDG_CACHE_HOME respected); ``ringcomm.init()`` loads it from the same place.
@@ -160,70 +161,106 @@ def measure_gammas(budget: float = 0.05) -> dict:
     return out
 
 
-def candidates(comm) -> list:
-    """The all-reduce algorithms worth timing on this job: on one node (or one rank per node) the
-    hierarchical schedules are plain rings and trees, so they are not timed twice."""
+SWEPT = ("all_reduce", "broadcast", "all_gather", "reduce_scatter")   # the collectives tune times
+
+
+def candidates(comm, collective: str = "all_reduce") -> list:
+    """The algorithms of ``collective`` worth timing on this job: on one node (or one rank per
+    node) the hierarchical schedules are plain rings and trees, so they are not timed twice."""
     from .. import algorithms
     from ..algorithms.hierarchical import degenerate
     from .cost import DEFAULT_LINK, Network
     from .selector import local_sizes
     shape = Network(DEFAULT_LINK, DEFAULT_LINK, local_sizes(comm.topology.node_of, comm.size))
-    return [n for n in algorithms.names("all_reduce", comm.transport)
-            if not (algorithms.get("all_reduce", n).kind == "schedule"
-                    and algorithms.get("all_reduce", n).topology_aware and degenerate(shape))]
+    return [n for n in algorithms.names(collective, comm.transport)
+            if not (algorithms.get(collective, n).kind == "schedule"
+                    and algorithms.get(collective, n).topology_aware and degenerate(shape))]
 
 
-def time_all_reduce(comm, sizes, entries, rounds: int, budget: float) -> dict:
+def operands(comm, collective: str, nbytes: int) -> tuple:
+    """(``run(algorithm)``, bytes): one float32 call of ``collective`` and the bytes the selector
+    prices it at (Collective.nbytes: the vector of all_reduce and broadcast, the gathered output
+    of all_gather, the input of reduce_scatter), about ``nbytes``, counts even across ranks."""
+    import numpy as np
+    n = comm.size
+    if collective == "all_reduce":
+        x = np.zeros(max(1, nbytes // 4), np.float32)   # sums stay finite however often they run
+        return (lambda algorithm: comm.all_reduce(x, algorithm=algorithm)), x.nbytes
+    # Written, not np.zeros: an untouched zeros array maps the kernel's one zero page, which a
+    # direct read (CMA) finds in cache every time; tune timed direct broadcast 1.4x too fast so.
+    whole = np.ones(max(1, nbytes // 4 // n) * n, np.float32)
+    part = np.ones(whole.size // n, np.float32)
+    runs = {"broadcast": lambda algorithm: comm.broadcast(whole, 0, algorithm=algorithm),
+            "all_gather": lambda algorithm: comm.all_gather(whole, part, algorithm=algorithm),
+            "reduce_scatter": lambda algorithm: comm.reduce_scatter(part, whole, algorithm=algorithm)}
+    return runs[collective], whole.nbytes
+
+
+def time_collective(comm, collective: str, sizes, entries, rounds: int, budget: float) -> dict:
     """Median seconds per call of each (label, algorithm) entry at each size; algorithm None is
-    the selector's choice. Entries are interleaved within every round, so a burst of load
-    elsewhere on a shared machine hits them all alike; each sample times enough calls to last
-    about ``budget``."""
+    the selector's choice, passed as if forced: every entry then runs on the same road (repeated
+    small calls left to the selector take the remembered road of persistent.py, which forced
+    ones never do, so auto would win by that alone). Entries are interleaved within every round,
+    so a burst of load elsewhere on a shared machine hits them all alike; each sample times
+    enough calls to last about ``budget``."""
     import numpy as np
     seconds = {label: [] for label, _ in entries}
     for nbytes in sizes:
-        x = np.zeros(max(1, nbytes // 4), np.float32)   # sums stay finite however often they run
-        for _, algorithm in entries:
-            comm.all_reduce(x, algorithm=algorithm)          # plans cached before timing
-        probe = time.perf_counter()
-        comm.all_reduce(x, algorithm="ring")
-        per = np.array([time.perf_counter() - probe])
+        run, priced = operands(comm, collective, nbytes)
+        chosen = comm.selector.choose(collective, priced, comm.size, nodes=comm.topology.node_of,
+                                      transport=comm.transport)
+        todo = [(label, chosen if algorithm is None else algorithm) for label, algorithm in entries]
+        for _, algorithm in todo:
+            run(algorithm)                                    # plans cached before timing
+        probes = []
+        for _, algorithm in todo:
+            t0 = time.perf_counter()
+            run(algorithm)
+            probes.append(time.perf_counter() - t0)
+        per = np.array([statistics.median(probes)])
         comm.broadcast(per)                                   # every rank runs the same count
         iters = int(max(1, min(100, budget / max(per[0], 1e-6))))
         samples = {label: [] for label, _ in entries}
         for _ in range(rounds):
-            for label, algorithm in entries:
+            for label, algorithm in todo:
                 comm.barrier()
                 t0 = time.perf_counter()
                 for _ in range(iters):
-                    comm.all_reduce(x, algorithm=algorithm)
+                    run(algorithm)
                 samples[label].append((time.perf_counter() - t0) / iters)
         for label in seconds:
             seconds[label].append(statistics.median(samples[label]))
     return seconds
 
 
-def check(comm, sizes, rounds: int, budget: float) -> int:
-    """Auto against every forced algorithm, interleaved; prints the table, returns how many sizes
-    auto was more than 10% slower than the best. Auto is timed twice ("auto" and "again"): the
-    spread between two runs of the very same schedule is the noise floor of the comparison."""
+def check(comm, sizes, rounds: int, budget: float, collectives=SWEPT) -> int:
+    """Auto against every forced algorithm of each collective, interleaved; prints a table per
+    collective, returns how many (collective, size) points auto was more than 10% slower than the
+    best. Auto is timed twice ("auto" and "again"): the spread between two runs of the very same
+    call is the noise floor of the comparison."""
     from .selector import routes_of
-    names = candidates(comm)
-    seconds = time_all_reduce(comm, sizes, [("auto", None), ("again", None)] + [(n, n) for n in names],
-                              rounds, budget)
     misses = 0
-    if comm.rank == 0:
-        print(f"{'bytes':>10} {'auto picks':<20}{'best forced':<20}{'auto':>11}{'best':>11}{'ratio':>7}"
-              f"{'noise':>7}")
+    for collective in collectives:
+        names = candidates(comm, collective)
+        seconds = time_collective(comm, collective, sizes, [("auto", None), ("again", None)] + [(n, n) for n in names],
+                                  rounds, budget)
+        if comm.rank != 0:
+            continue
+        print(f"{collective}\n{'bytes':>10} {'auto picks':<20}{'best forced':<20}{'auto':>11}{'best':>11}"
+              f"{'ratio':>7}{'noise':>7}")
         for i, nbytes in enumerate(sizes):
             best = min(names, key=lambda n: seconds[n][i])
-            pick = comm.selector.choose("all_reduce", max(1, nbytes // 4) * 4, comm.size, nodes=comm.topology.node_of,
-                                        transport=comm.transport)
+            pick = comm.selector.choose(collective, operands(comm, collective, nbytes)[1], comm.size,
+                                        nodes=comm.topology.node_of, transport=comm.transport)
             ratio = seconds["auto"][i] / seconds[best][i]
             noise = max(seconds["auto"][i], seconds["again"][i]) / min(seconds["auto"][i], seconds["again"][i])
-            misses += ratio > 1.10
+            miss = ratio > 1.10 and pick != best   # the same algorithm twice: only noise apart
+            misses += miss
             print(f"{nbytes:>10} {pick:<20}{best:<20}{seconds['auto'][i] * 1e6:>9.1f}us"
-                  f"{seconds[best][i] * 1e6:>9.1f}us{ratio:>7.2f}{noise:>7.2f}{'  > 10%' if ratio > 1.10 else ''}")
-        print(f"auto within 10% of the best forced algorithm at {len(sizes) - misses} of {len(sizes)} sizes "
+                  f"{seconds[best][i] * 1e6:>9.1f}us{ratio:>7.2f}{noise:>7.2f}{'  > 10%' if miss else ''}")
+    if comm.rank == 0:
+        points = len(sizes) * len(collectives)
+        print(f"auto within 10% of the best forced algorithm at {points - misses} of {points} points "
               f"(routes {routes_of(comm.transport, comm.topology.node_of)}, tuning: {comm.selector.tuning.source}); "
               f"noise = slower/faster of two interleaved runs of auto itself")
     return misses
@@ -348,7 +385,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ringcomm.tune", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", help="where to write (default: RINGCOMM_TUNING_FILE or "
                                       "~/.cache/ringcomm/tuning.json)")
-    parser.add_argument("--max-size", default="32M", help="largest all-reduce size swept (default 32M)")
+    parser.add_argument("--max-size", default="32M", help="largest size swept (default 32M)")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per size (default 5)")
     parser.add_argument("--quick", action="store_true", help="fewer sizes and rounds (a smoke test)")
     parser.add_argument("--check", action="store_true",
@@ -390,14 +427,15 @@ def main(argv=None) -> int:
                             top=max(top, 2 << 20) if args.quick else 64 << 20)
     p2p_cma = measure_p2p_cma_floor(comm, 3 if args.quick else args.rounds, 0.05 if args.quick else 0.2,
                                     top=max(top, 2 << 20) if args.quick else 16 << 20)
-    names = candidates(comm)
-    seconds = time_all_reduce(comm, sizes, [(n, n) for n in names], 2 if args.quick else args.rounds,
-                              0.01 if args.quick else 0.03)
+    timed = {collective: time_collective(comm, collective, sizes, [(n, n) for n in candidates(comm, collective)],
+                                         2 if args.quick else args.rounds, 0.01 if args.quick else 0.03)
+             for collective in SWEPT}
+    seconds = timed["all_reduce"]   # the links are fitted to the all-reduce sweep
     if comm.rank == 0:
         from .selector import local_sizes
         shape = local_sizes(topo.node_of, comm.size)
-        sweep = Sweep("all_reduce", shape, (intra_route, inter_route), "float32", tuple(sizes),
-                      {k: tuple(v) for k, v in seconds.items()})
+        sweeps = tuple(Sweep(collective, shape, (intra_route, inter_route), "float32", tuple(sizes),
+                             {k: tuple(v) for k, v in timed[collective].items()}) for collective in SWEPT)
         if intra_route == inter_route and intra_route in pairs:   # one link: calibrate its alpha
             alpha_b = links[intra_route]
             fitted = fit_alpha(sizes, seconds, Tuning(links, gammas).link(intra_route), shape)
@@ -421,10 +459,11 @@ def main(argv=None) -> int:
         if path.exists():
             try:
                 kept = tuple(s for s in load_tuning(path).sweeps
-                             if (s.collective, s.local_sizes, s.routes) != ("all_reduce", shape, sweep.routes))
+                             if (s.local_sizes, s.routes) != (shape, (intra_route, inter_route))
+                             or s.collective not in SWEPT)
             except UsageError as err:   # an unusable old file is replaced, and the user told so
                 print(f"replacing it: {err}")
-        tuning = Tuning(links, gammas, kept + (sweep,), source="measured", cma_min=cma[0] if cma else None,
+        tuning = Tuning(links, gammas, kept + sweeps, source="measured", cma_min=cma[0] if cma else None,
                         cma_p2p_min=p2p_cma[0] if p2p_cma else None)
         for what, found in (("all_reduce auto", cma), ("sendrecv", p2p_cma)):
             if found:
@@ -441,14 +480,17 @@ def main(argv=None) -> int:
         net = model.network(comm.size, topo.node_of, "float32", (intra_route, inter_route),
                             0 if window is None else window.capacity, window is not None and window.reader is not None,
                             window is not None and window.core is not None)
-        predicted = {name: [dict(predict("all_reduce", s, net))[name] for s in sizes] for name in seconds}
-        print(f"{'bytes':>10}  {'measured best':<20}{'model best':<20}" + "".join(f"{n[:12]:>13}" for n in seconds))
-        for i, s in enumerate(sizes):
-            best = min(seconds, key=lambda n: seconds[n][i])
-            guess = min(predicted, key=lambda n: predicted[n][i])
-            print(f"{s:>10}  {best:<20}{guess:<20}" + "".join(f"{seconds[n][i] * 1e6:>11.1f}us" for n in seconds))
-        print("measured crossovers: " + ("; ".join(f"{a} -> {b} at {s} B" for s, a, b in crossovers(sizes, seconds)) or "none"))
-        print("model crossovers:    " + ("; ".join(f"{a} -> {b} at {s} B" for s, a, b in crossovers(sizes, predicted)) or "none"))
+        for collective, seconds in timed.items():
+            predicted = {name: [dict(predict(collective, s, net))[name] for s in sizes] for name in seconds}
+            print(f"{collective}\n{'bytes':>10}  {'measured best':<20}{'model best':<20}"
+                  + "".join(f"{n[:12]:>13}" for n in seconds))
+            for i, s in enumerate(sizes):
+                best = min(seconds, key=lambda n: seconds[n][i])
+                guess = min(predicted, key=lambda n: predicted[n][i])
+                print(f"{s:>10}  {best:<20}{guess:<20}" + "".join(f"{seconds[n][i] * 1e6:>11.1f}us" for n in seconds))
+            for what, table in (("measured", seconds), ("model", predicted)):
+                print(f"{collective} {what} crossovers: "
+                      + ("; ".join(f"{a} -> {b} at {s} B" for s, a, b in crossovers(sizes, table)) or "none"))
         print(f"wrote {path} in {time.perf_counter() - started:.1f} s")
     comm.barrier()
     comm.close()
