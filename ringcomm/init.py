@@ -51,10 +51,7 @@ def init(backend: Optional[str] = None, *, timeout: Optional[float] = None) -> C
     from .topology import discover
     world = MPI.COMM_WORLD.Dup()
     topology = discover(world)
-    # How long waits poll before sleeping depends on how many ranks share this machine's cores
-    # (the real host: pretend nodes from RINGCOMM_NODE_ID still share it).
-    host = socket.gethostname()
-    ranks_here = sum(h == host for h in world.allgather(host))
+    ranks_here = ranks_on_this_host(world)
     polling.set_ranks_here(ranks_here)
     try:
         if backend != "ringcomm":
@@ -91,6 +88,14 @@ def init_from_store(store, rank: int, size: int, *, timeout: Optional[float] = N
     comm.selector.set_host(topology.local_size, polling.cores())
     _direct_reads_from(comm, comm.selector.tuning)
     return comm
+
+
+def ranks_on_this_host(world) -> int:
+    """The ranks of ``world`` on this machine (collective). How long waits poll before sleeping,
+    and how the model prices oversubscription, depend on how many ranks share its cores: the
+    real host's, so pretend nodes from RINGCOMM_NODE_ID still share them."""
+    host = socket.gethostname()
+    return sum(h == host for h in world.allgather(host))
 
 
 # Set by MPICH's and Intel MPI's launchers (PMI), Open MPI's and PMIx-based ones (srun --mpi=pmix).

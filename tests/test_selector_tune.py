@@ -60,6 +60,13 @@ def test_tune_writes_a_loadable_file_and_keeps_other_shapes(tmp_path, monkeypatc
                       env={"RINGCOMM_TUNING_FILE": str(out)}, timeout=120)
     assert all(f"{c}\n" in checked.stdout for c in SWEPT), checked.stdout   # 8 B, 64 B, 512 B, 4 KiB each
     assert re.search(rf"best forced algorithm at \d+ of {4 * len(SWEPT)} points", checked.stdout), checked.stdout
+    # Ranks that outnumber their cores leave the links alone: the model crowds them itself.
+    crowded = run_mpi(2, "selector_tune.py", "--quick", "--max-size", "4K",
+                      env={"RINGCOMM_TUNING_FILE": str(out), "TUNE_ON_ONE_CORE": "1"}, timeout=120)
+    assert "ranks outnumber cores (2 ranks, 1 cores here)" in crowded.stdout, crowded.stdout
+    again = load_tuning(out)
+    assert again.links == tuning.links and again.sweeps != tuning.sweeps
+    assert (again.cma_min, again.cma_p2p_min) == (tuning.cma_min, tuning.cma_p2p_min)
     shown = run_mpi(2, "show_cma_floor.py", env={"RINGCOMM_TUNING_FILE": str(out)}, timeout=60)
     assert floors(shown.stdout) == {"cma_min_bytes": [tuning.cma_min] * 2,
                                     "cma_p2p_min_bytes": [tuning.cma_p2p_min] * 2}, shown.stdout

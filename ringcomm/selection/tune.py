@@ -362,25 +362,34 @@ def crossovers(sizes, seconds: dict) -> list:
     return out
 
 
-def _communicator():
-    """What ringcomm.init() builds, but selecting with the built-in defaults and nothing forced:
-    an old (even corrupt) tuning file or RINGCOMM_ALGO must not steer the measurement."""
+def _communicator() -> tuple:
+    """(communicator, ranks on this host, crowded): what ringcomm.init() builds, polling and
+    pricing oversubscription as a job of this shape does, but selecting with the built-in
+    defaults and nothing forced: an old (even corrupt) tuning file or RINGCOMM_ALGO must not
+    steer the measurement. ``crowded``: on some host of the job, ranks outnumber cores."""
     from mpi4py import MPI
 
     from ..communicator import Communicator
+    from ..init import ranks_on_this_host
     from ..topology import discover
-    from ..transport import factory
+    from ..transport import factory, polling
     from .selector import Selector
     world = MPI.COMM_WORLD.Dup()
     topology = discover(world)
-    return Communicator(factory.build(world, topology, 120), timeout=120, selector=Selector(),
+    ranks_here = ranks_on_this_host(world)
+    polling.set_ranks_here(ranks_here)
+    crowded = world.allreduce(ranks_here > polling.cores(), op=MPI.LOR)
+    comm = Communicator(factory.build(world, topology, 120), timeout=120, selector=Selector(),
                         local_rank=topology.local_rank, local_size=topology.local_size,
                         node_count=topology.node_count, topology=topology)
+    comm.selector.set_host(ranks_here, polling.cores())
+    return comm, ranks_here, crowded
 
 
 def main(argv=None) -> int:
     import argparse
 
+    from ..transport.polling import cores
     from .selector import Selector, predict, routes_of
     parser = argparse.ArgumentParser(prog="python -m ringcomm.tune", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", help="where to write (default: RINGCOMM_TUNING_FILE or "
@@ -397,12 +406,13 @@ def main(argv=None) -> int:
     sizes = [8 << k for k in range(40) if 8 << k <= top]     # every doubling from 8 B
     if args.quick:
         sizes = sizes[::3]
-    comm = _communicator()
+    comm, ranks_here, crowded = _communicator()
     topo = comm.topology
     if comm.size < 2:
         raise SystemExit("ringcomm.tune needs at least 2 ranks: mpirun -n 2 python -m ringcomm.tune")
     if args.check:
         comm.selector = Selector.from_env()
+        comm.selector.set_host(ranks_here, cores())   # auto picks what a job of this shape picks
         check(comm, sizes, args.rounds, 0.01 if args.quick else 0.03)
         comm.barrier()
         comm.close()
@@ -417,16 +427,36 @@ def main(argv=None) -> int:
         pairs.setdefault(inter_route, other[0])
     budget = 0.02 if args.quick else 0.1
     link_sizes = [8, 1 << 10, 8 << 10, 64 << 10, 512 << 10, 4 << 20]
+    path = Path(args.out).expanduser() if args.out else default_path()
+    old = None
+    if comm.rank == 0 and path.exists():
+        try:
+            old = load_tuning(path)
+        except UsageError as err:   # an unusable old file is replaced, and the user told so
+            print(f"replacing it: {err}")
     links = dict(DEFAULT_LINKS)
-    for route, peer in pairs.items():
-        fitted = measure_link(comm, 0, peer, link_sizes, budget)
+    if crowded:
+        # The model crowds every link itself (cost.crowded) by the ranks a job puts on each
+        # core; links fitted to crowded timings would be crowded twice, and jobs that fit the
+        # cores would inherit them (and the CMA floors, which every job of the machine uses).
+        # Links and floors stay the file's (or the defaults); only this shape's sweeps are new.
+        if old is not None:
+            links.update(old.links)
         if comm.rank == 0:
-            links[route] = fitted
+            print(f"ranks outnumber cores ({ranks_here} ranks, {cores()} cores here): the links and CMA floors "
+                  f"are kept as they were; only this shape's sweeps are measured")
+    else:
+        for route, peer in pairs.items():
+            fitted = measure_link(comm, 0, peer, link_sizes, budget)
+            if comm.rank == 0:
+                links[route] = fitted
     gammas = measure_gammas() if comm.rank == 0 else None
-    cma = measure_cma_floor(comm, 3 if args.quick else args.rounds, 0.05 if args.quick else 0.2,
-                            top=max(top, 2 << 20) if args.quick else 64 << 20)
-    p2p_cma = measure_p2p_cma_floor(comm, 3 if args.quick else args.rounds, 0.05 if args.quick else 0.2,
-                                    top=max(top, 2 << 20) if args.quick else 16 << 20)
+    cma = p2p_cma = None   # (floor, table) each, where measured
+    if not crowded:
+        cma = measure_cma_floor(comm, 3 if args.quick else args.rounds, 0.05 if args.quick else 0.2,
+                                top=max(top, 2 << 20) if args.quick else 64 << 20)
+        p2p_cma = measure_p2p_cma_floor(comm, 3 if args.quick else args.rounds, 0.05 if args.quick else 0.2,
+                                        top=max(top, 2 << 20) if args.quick else 16 << 20)
     timed = {collective: time_collective(comm, collective, sizes, [(n, n) for n in candidates(comm, collective)],
                                          2 if args.quick else args.rounds, 0.01 if args.quick else 0.03)
              for collective in SWEPT}
@@ -436,7 +466,7 @@ def main(argv=None) -> int:
         shape = local_sizes(topo.node_of, comm.size)
         sweeps = tuple(Sweep(collective, shape, (intra_route, inter_route), "float32", tuple(sizes),
                              {k: tuple(v) for k, v in timed[collective].items()}) for collective in SWEPT)
-        if intra_route == inter_route and intra_route in pairs:   # one link: calibrate its alpha
+        if intra_route == inter_route and intra_route in pairs and not crowded:   # one link: calibrate its alpha
             alpha_b = links[intra_route]
             fitted = fit_alpha(sizes, seconds, Tuning(links, gammas).link(intra_route), shape)
             if fitted is not None:
@@ -444,7 +474,7 @@ def main(argv=None) -> int:
                 print(f"{intra_route}: ping-pong alpha {alpha_b[0] * 1e6:.2f} us; alpha as the collectives feel it "
                       f"{fitted[0] * 1e6:.2f} us, plus {fitted[1] * 1e6:.1f} us per call")
         window = comm.transport.window
-        if window is not None and "one_shot" in seconds:
+        if window is not None and "one_shot" in seconds and not crowded:
             # The sweep ran the compiled round where there is one (it reduces as it reads: no gamma).
             name = f"{intra_route}-round" if window.core is not None else f"{intra_route}-window"
             gamma = 0.0 if window.core is not None else Tuning(links, gammas).link(intra_route).gamma
@@ -453,18 +483,13 @@ def main(argv=None) -> int:
                 links[name] = fitted
                 print(f"{name} alpha {fitted[0] * 1e6:.2f} us   beta {1 / fitted[1] / 1e9:.2f} GB/s "
                       f"(from the one-shot sweep)")
-        path = Path(args.out).expanduser() if args.out else default_path()
         # Keep the sweeps of other job shapes (tune at -n 2, then at -n 4, into one file).
-        kept = ()
-        if path.exists():
-            try:
-                kept = tuple(s for s in load_tuning(path).sweeps
-                             if (s.local_sizes, s.routes) != (shape, (intra_route, inter_route))
-                             or s.collective not in SWEPT)
-            except UsageError as err:   # an unusable old file is replaced, and the user told so
-                print(f"replacing it: {err}")
-        tuning = Tuning(links, gammas, kept + sweeps, source="measured", cma_min=cma[0] if cma else None,
-                        cma_p2p_min=p2p_cma[0] if p2p_cma else None)
+        kept = () if old is None else tuple(s for s in old.sweeps
+                                            if (s.local_sizes, s.routes) != (shape, (intra_route, inter_route))
+                                            or s.collective not in SWEPT)
+        tuning = Tuning(links, gammas, kept + sweeps, source="measured",
+                        cma_min=cma[0] if cma else old.cma_min if crowded and old else None,
+                        cma_p2p_min=p2p_cma[0] if p2p_cma else old.cma_p2p_min if crowded and old else None)
         for what, found in (("all_reduce auto", cma), ("sendrecv", p2p_cma)):
             if found:
                 print(f"direct reads (CMA) against staging, {what}: " + "  ".join(
