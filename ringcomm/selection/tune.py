@@ -501,19 +501,20 @@ def main(argv=None) -> int:
             print(f"{route:8s} alpha {a * 1e6:8.2f} us   beta {1 / b / 1e9:6.2f} GB/s")
         print("gamma    " + "  ".join(f"{k} {1 / v / 1e9:.2f} GB/s" for k, v in gammas.items()))
         model = Selector(tuning=Tuning(links, gammas))
+        model.set_host(ranks_here, cores())   # the model as a job of this shape prices it
         window = comm.transport.window
         net = model.network(comm.size, topo.node_of, "float32", (intra_route, inter_route),
                             0 if window is None else window.capacity, window is not None and window.reader is not None,
                             window is not None and window.core is not None)
-        for collective, seconds in timed.items():
-            predicted = {name: [dict(predict(collective, s, net))[name] for s in sizes] for name in seconds}
+        for collective, measured in timed.items():
+            predicted = {name: [dict(predict(collective, s, net))[name] for s in sizes] for name in measured}
             print(f"{collective}\n{'bytes':>10}  {'measured best':<20}{'model best':<20}"
-                  + "".join(f"{n[:12]:>13}" for n in seconds))
+                  + "".join(f"{n[:12]:>13}" for n in measured))
             for i, s in enumerate(sizes):
-                best = min(seconds, key=lambda n: seconds[n][i])
+                best = min(measured, key=lambda n: measured[n][i])
                 guess = min(predicted, key=lambda n: predicted[n][i])
-                print(f"{s:>10}  {best:<20}{guess:<20}" + "".join(f"{seconds[n][i] * 1e6:>11.1f}us" for n in seconds))
-            for what, table in (("measured", seconds), ("model", predicted)):
+                print(f"{s:>10}  {best:<20}{guess:<20}" + "".join(f"{measured[n][i] * 1e6:>11.1f}us" for n in measured))
+            for what, table in (("measured", measured), ("model", predicted)):
                 print(f"{collective} {what} crossovers: "
                       + ("; ".join(f"{a} -> {b} at {s} B" for s, a, b in crossovers(sizes, table)) or "none"))
         print(f"wrote {path} in {time.perf_counter() - started:.1f} s")
