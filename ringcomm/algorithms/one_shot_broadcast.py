@@ -9,8 +9,8 @@ barrier that checks every rank's stamp and root, so it needs no confirmation bar
 Bytes per rank: the root writes S, every other rank reads S. Cost: ceil(S/C) alpha_w +
 (S + min(S, C)) beta_w on the window link: the root's writes and the others' reads overlap but
 for the first piece (the reads of all non-roots run at once, on their own cores). Priced as two
-copies one after the other, it lost to direct from 4 MiB, which it beats by 10-30% at 4-64 MiB
-(docs/performance.md, round seven).
+copies one after the other, it lost to direct from 4 MiB; it beats direct by 20-30% at 16-64 MiB,
+and at 1-8 MiB the two are close (docs/performance.md, round seven).
 """
 from __future__ import annotations
 

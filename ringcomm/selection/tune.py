@@ -177,23 +177,28 @@ def candidates(comm, collective: str = "all_reduce") -> list:
                     and algorithms.get(collective, n).topology_aware and degenerate(shape))]
 
 
-def operands(comm, collective: str, nbytes: int) -> tuple:
-    """(``run(algorithm)``, bytes): one float32 call of ``collective`` and the bytes the selector
-    prices it at (Collective.nbytes: the vector of all_reduce and broadcast, the gathered output
-    of all_gather, the input of reduce_scatter), about ``nbytes``, counts even across ranks."""
+def priced(collective: str, nbytes: int, n: int) -> int:
+    """The bytes the selector prices tune's float32 call of ``collective`` at, for about ``nbytes``
+    (Collective.nbytes: the vector of all_reduce and broadcast, the gathered output of
+    all_gather, the input of reduce_scatter), counts even across the ``n`` ranks."""
+    return 4 * (max(1, nbytes // 4) if collective == "all_reduce" else max(1, nbytes // 4 // n) * n)
+
+
+def operands(comm, collective: str, nbytes: int):
+    """``run(algorithm)``: one float32 call of ``collective`` on ``priced(...)`` bytes."""
     import numpy as np
-    n = comm.size
+    count = priced(collective, nbytes, comm.size) // 4
     if collective == "all_reduce":
-        x = np.zeros(max(1, nbytes // 4), np.float32)   # sums stay finite however often they run
-        return (lambda algorithm: comm.all_reduce(x, algorithm=algorithm)), x.nbytes
+        x = np.zeros(count, np.float32)   # sums stay finite however often they run
+        return lambda algorithm: comm.all_reduce(x, algorithm=algorithm)
     # Written, not np.zeros: an untouched zeros array maps the kernel's one zero page, which a
     # direct read (CMA) finds in cache every time; tune timed direct broadcast 1.4x too fast so.
-    whole = np.ones(max(1, nbytes // 4 // n) * n, np.float32)
-    part = np.ones(whole.size // n, np.float32)
+    whole = np.ones(count, np.float32)
+    part = np.ones(count // comm.size, np.float32)
     runs = {"broadcast": lambda algorithm: comm.broadcast(whole, 0, algorithm=algorithm),
             "all_gather": lambda algorithm: comm.all_gather(whole, part, algorithm=algorithm),
             "reduce_scatter": lambda algorithm: comm.reduce_scatter(part, whole, algorithm=algorithm)}
-    return runs[collective], whole.nbytes
+    return runs[collective]
 
 
 def time_collective(comm, collective: str, sizes, entries, rounds: int, budget: float) -> dict:
@@ -206,9 +211,9 @@ def time_collective(comm, collective: str, sizes, entries, rounds: int, budget: 
     import numpy as np
     seconds = {label: [] for label, _ in entries}
     for nbytes in sizes:
-        run, priced = operands(comm, collective, nbytes)
-        chosen = comm.selector.choose(collective, priced, comm.size, nodes=comm.topology.node_of,
-                                      transport=comm.transport)
+        run = operands(comm, collective, nbytes)
+        chosen = comm.selector.choose(collective, priced(collective, nbytes, comm.size), comm.size,
+                                      nodes=comm.topology.node_of, transport=comm.transport)
         todo = [(label, chosen if algorithm is None else algorithm) for label, algorithm in entries]
         for _, algorithm in todo:
             run(algorithm)                                    # plans cached before timing
@@ -250,7 +255,7 @@ def check(comm, sizes, rounds: int, budget: float, collectives=SWEPT) -> int:
               f"{'ratio':>7}{'noise':>7}")
         for i, nbytes in enumerate(sizes):
             best = min(names, key=lambda n: seconds[n][i])
-            pick = comm.selector.choose(collective, operands(comm, collective, nbytes)[1], comm.size,
+            pick = comm.selector.choose(collective, priced(collective, nbytes, comm.size), comm.size,
                                         nodes=comm.topology.node_of, transport=comm.transport)
             ratio = seconds["auto"][i] / seconds[best][i]
             noise = max(seconds["auto"][i], seconds["again"][i]) / min(seconds["auto"][i], seconds["again"][i])
