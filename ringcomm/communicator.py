@@ -80,6 +80,10 @@ class Communicator:
         self._broken: Optional[BaseException] = None
         self._closed = False
         self._notices: list = []           # abort notices in flight; kept so they are not freed early
+        # The buffers of the call that broke this communicator, kept alive from then on: a peer
+        # still in that call may yet write into them (direct gather writes the root's output),
+        # and freed memory would be reused by other objects.
+        self._failed_call = None
         self.engine = Engine(f"rank {self.rank}", self._fail)
         self.recorder = FlightRecorder(self.rank)
         self._entry = None                 # flight-recorder entry of the running call
@@ -552,11 +556,11 @@ class Communicator:
         except PeerAbortedError as err:
             entry.state = "failed: PeerAbortedError"
             err = self._with_reason(err, f"{call.name} #{seq} on rank {self.rank}")
-            self._fail(err)
+            self._fail(err, call)
             raise err
         except CommError as err:
             entry.state = f"failed: {type(err).__name__}"
-            self._fail(err)
+            self._fail(err, call)
             raise
         except BaseException as err:
             entry.state = f"failed: {type(err).__name__}"
@@ -593,10 +597,13 @@ class Communicator:
         better.__cause__ = err
         return better
 
-    def _fail(self, err: CommError) -> None:
-        """The communicator is broken from now on; tell the peers so that they fail fast too."""
+    def _fail(self, err: CommError, call: Optional[Call] = None) -> None:
+        """The communicator is broken from now on; tell the peers so that they fail fast too.
+        ``call``: the collective that failed, whose buffers stay alive (``_failed_call``)."""
         first = self._broken is None
         self._broken = self._broken or err
+        if first and call is not None:
+            self._failed_call = call
         if isinstance(err, CommTimeoutError):
             self.recorder.dump(str(err))
         if first and not isinstance(err, PeerAbortedError):

@@ -121,11 +121,11 @@ class WindowCall:
         except PeerAbortedError as err:
             entry.state = "failed: PeerAbortedError"
             err = comm._with_reason(err, f"{call.collective.name} #{seq} on rank {comm.rank}")
-            comm._fail(err)
+            comm._fail(err, call)
             raise err
         except CommError as err:
             entry.state = f"failed: {type(err).__name__}"
-            comm._fail(err)
+            comm._fail(err, call)
             raise
         finally:
             engine.release_inline()

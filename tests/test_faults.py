@@ -95,6 +95,25 @@ def test_rank_that_never_joins_makes_the_others_time_out_naming_the_peer(capsys)
     assert "flight recorder" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("calls_before", [0, 3])   # 3: the failing call takes the fast road
+def test_a_failed_direct_gather_keeps_the_roots_output_alive(calls_before):
+    # Its writers may still write into the root's output after the root gave up (a writer stopped
+    # between round 1 and its write): that memory must stay the output's, not be handed on.
+    def fn(comm):
+        x, out = np.full(4, comm.rank, np.float32), np.zeros(12, np.float32) if comm.rank == 0 else None
+        for _ in range(calls_before):
+            comm.gather(out, x, 0)
+        if comm.rank != 2:
+            try:
+                comm.gather(out, x, 0)
+            except CommError:
+                held = comm._failed_call
+                return held is not None and held.collective.name == "gather" and \
+                    (comm.rank != 0 or held.out.obj is out)
+    outcome, _ = run_each(3, fn, timeout=1.0, env={"RINGCOMM_ALGO": "gather=direct"})
+    assert outcome == [True, True, None], outcome
+
+
 def test_after_a_failure_the_communicator_is_broken_with_the_original_cause():
     def fn(comm):
         try:

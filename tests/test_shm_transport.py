@@ -51,16 +51,18 @@ EXPECT_READS = {"cma": "cma", "staged": "off: RINGCOMM_SHM_CMA=0"}
 
 @functools.lru_cache(maxsize=None)
 def cma_denied():
-    """Why this machine refuses process_vm_readv between two of our processes, or None.
-    (Containers may deny it by seccomp or ptrace rules: there the transport must fall back.)"""
+    """Why this machine refuses process_vm_readv or process_vm_writev between two of our
+    processes, or None. (Containers may deny them by seccomp or ptrace rules: there the
+    transport must fall back.)"""
     holder = "import numpy as np, sys; a = np.arange(4); print(a.ctypes.data, flush=True); sys.stdin.read()"
     child = subprocess.Popen([sys.executable, "-c", holder], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         addr, got = int(child.stdout.readline()), np.zeros(4, np.int64)
         shm.read_process(child.pid, addr, got.ctypes.data, got.nbytes)
+        shm.write_process(child.pid, addr, got.ctypes.data, got.nbytes)
         return None
     except OSError as err:
-        return f"process_vm_readv denied here: {err}"
+        return f"process_vm_readv/writev denied here: {err}"
     finally:
         child.communicate("")
 
@@ -115,12 +117,13 @@ def test_point_to_point(n, reads):
     assert reported(out, n, reads) == {expected_reads(reads)}
 
 
-def test_cma_denied_on_one_rank_falls_back_on_all():
-    out = run_mpi(3, "shm_cma_denied.py", 1).stdout
+@pytest.mark.parametrize("denied", ["read", "write"])
+def test_cma_denied_on_one_rank_falls_back_on_all(denied):
+    out = run_mpi(3, "shm_cma_denied.py", 1, denied).stdout
     ok_lines(out, 3)
     reads = direct_reads(out, 3)
     assert "off: direct reads failed on ranks [1]" in reads, reads
-    assert any("rank 1: cannot read 8 bytes" in r and "EPERM" in r for r in reads), reads
+    assert any(f"rank 1: cannot {denied} 8 bytes" in r and "EPERM" in r for r in reads), reads
 
 
 def test_read_process_reads_another_process_and_says_when_it_is_gone():
@@ -140,6 +143,26 @@ def test_read_process_reads_another_process_and_says_when_it_is_gone():
     assert gone.value.errno == errno.ESRCH
 
 
+def test_write_process_writes_into_another_process_and_says_when_it_is_gone():
+    if cma_denied():
+        pytest.skip(cma_denied())
+    holder = ("import numpy as np, sys; a = np.zeros(1000, np.int64); print(a.ctypes.data, flush=True); "
+              "sys.stdin.readline(); print(a.tolist() == list(range(1000)), flush=True); sys.stdin.read()")
+    child = subprocess.Popen([sys.executable, "-c", holder], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    src = np.arange(1000, dtype=np.int64)
+    try:
+        addr = int(child.stdout.readline())
+        shm.write_process(child.pid, addr, src.ctypes.data, src.nbytes)
+        child.stdin.write("\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "True"
+    finally:
+        child.communicate("")
+    with pytest.raises(OSError) as gone:
+        shm.write_process(child.pid, addr, src.ctypes.data, src.nbytes)
+    assert gone.value.errno == errno.ESRCH
+
+
 def test_read_process_continues_after_a_short_read(monkeypatch):
     calls = []
 
@@ -154,7 +177,7 @@ def test_read_process_continues_after_a_short_read(monkeypatch):
     assert np.array_equal(src, dst) and len(calls) == 7
 
 
-def test_a_failed_read_names_the_peer_errno_address_and_size(monkeypatch):
+def test_a_failed_read_or_write_names_the_peer_errno_address_and_size(monkeypatch):
     def fault(*args):
         ctypes.set_errno(errno.EFAULT)
         return -1
@@ -162,6 +185,9 @@ def test_a_failed_read_names_the_peer_errno_address_and_size(monkeypatch):
     reader = cma.Reader(0, [0, 5], [os.getpid(), 4321])
     with pytest.raises(CommError, match=r"rank 0: cannot read 8 bytes at 0x1000 of rank 5 \(pid 4321\): EFAULT"):
         reader.pull(1, 0x1000, np.zeros(1, np.int64))
+    monkeypatch.setattr(cma, "_process_vm_writev", fault)
+    with pytest.raises(CommError, match=r"rank 0: cannot write 8 bytes at 0x1000 of rank 5 \(pid 4321\): EFAULT"):
+        reader.push(1, 0x1000, np.zeros(1, np.int64))
 
 
 def test_timeout_is_an_error_not_a_hang():

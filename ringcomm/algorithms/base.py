@@ -43,7 +43,7 @@ class WindowAlgorithm(ABC):
     kind = "window"
     name: str
     collective: str
-    reads_directly = False   # reads peers' buffers in place (window.reader) rather than slots
+    reads_directly = False   # reaches peers' buffers in place (window.reader/writer) rather than slots
     even_only = False        # every window algorithm takes uneven counts
 
     def runs_on(self, window) -> bool:

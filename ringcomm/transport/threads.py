@@ -90,6 +90,11 @@ def read_memory(rank: int, addr: int, dst: np.ndarray) -> None:
     ctypes.memmove(dst.ctypes.data, addr, dst.nbytes)
 
 
+def write_memory(rank: int, addr: int, src: np.ndarray) -> None:
+    """A window's direct write between threads."""
+    ctypes.memmove(addr, src.ctypes.data, src.nbytes)
+
+
 class ThreadsTransport(Transport):
     name = "threads"
 
@@ -97,7 +102,7 @@ class ThreadsTransport(Transport):
         self.world, self.rank, self.size = world, rank, world.size
         # spin=0: a polling thread would only hold the GIL its peers need to post
         self.window = Window(rank, world.window_regions, capacity=JOB_CAPACITY, aborted=self._aborted_reason,
-                             spin=0.0, reader=read_memory)
+                             spin=0.0, reader=read_memory, writer=write_memory)
 
     def _aborted_reason(self, peer: int) -> Optional[str]:
         return None if self.world.aborted is None else f"job aborted: {self.world.aborted}"
@@ -156,7 +161,8 @@ class ThreadsTransport(Transport):
             return None
         return TransportView(self, members, context, Window(members.index(self.rank),
                                                              self.world.windows(context, members), spin=0.0,
-                                                             aborted=self._aborted_reason, reader=read_memory))
+                                                             aborted=self._aborted_reason, reader=read_memory,
+                                                             writer=write_memory))
 
     def abort(self, reason: BaseException) -> None:
         self.world.abort(f"rank {self.rank}: {reason}")

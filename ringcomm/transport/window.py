@@ -50,6 +50,8 @@ class Window:
     ``reader(rank, address, dst)``, where the transport offers one, copies ``dst.nbytes`` bytes at
     ``address`` of that rank's memory into ``dst`` (CMA between processes, a plain copy between
     threads): the direct algorithms post addresses in their slots instead of payloads.
+    ``writer(rank, address, src)`` copies ``src`` there the other way; a transport offers both or
+    neither.
 
     ``aborted(peer)`` returns why the job or that peer gave up, or None. ``spin`` is how long a
     wait polls before it starts sleeping (polling.py): processes on cores of their own poll for
@@ -59,8 +61,10 @@ class Window:
 
     def __init__(self, rank: int, regions: list, *, capacity: int = CAPACITY,
                  aborted: Callable[[int], Optional[str]] = lambda peer: None,
-                 spin: float = SPIN_SECONDS, reader: Optional[Callable] = None):
-        self.rank, self.size, self.capacity, self.reader = rank, len(regions), capacity, reader
+                 spin: float = SPIN_SECONDS, reader: Optional[Callable] = None,
+                 writer: Optional[Callable] = None):
+        self.rank, self.size, self.capacity = rank, len(regions), capacity
+        self.reader, self.writer = reader, writer
         self._scratch = np.empty(0, np.uint8)
         self.round = 0
         self._aborted, self.spin = aborted, spin

@@ -1,7 +1,7 @@
-"""Direct reads (CMA) denied on one rank, as seccomp or ptrace rules deny them in containers:
-the whole node falls back to the staging pool, silently, and collectives stay right.
+"""Direct reads or writes (CMA) denied on one rank, as seccomp or ptrace rules deny them in
+containers: the whole node falls back to the staging pool, silently, and collectives stay right.
 
-    mpirun -n N python shm_cma_denied.py DENIED_RANK
+    mpirun -n N python shm_cma_denied.py DENIED_RANK read|write
 
 Prints "rank R direct_reads='...'" and "rank R ok".
 """
@@ -19,7 +19,7 @@ if MPI.COMM_WORLD.Get_rank() == int(sys.argv[1]):
     def denied(*args):
         ctypes.set_errno(errno.EPERM)
         return -1
-    cma._process_vm_readv = denied
+    setattr(cma, f"_process_vm_{sys.argv[2]}v", denied)
 
 import ringcomm  # noqa: E402
 
@@ -34,6 +34,10 @@ assert np.array_equal(x, size * np.arange(count, dtype=np.float32) + sum(range(s
 y = np.full(count, float(rank))
 comm.broadcast(y, root=size - 1)
 assert np.all(y == size - 1), y[:4]
+z = np.full(count, float(rank), np.float32)
+gathered = np.empty(size * count, np.float32) if rank == 0 else None
+comm.gather(gathered, z, root=0)
+assert rank or np.array_equal(gathered, np.repeat(np.arange(size, dtype=np.float32), count)), gathered[::count]
 print(f"rank {rank} direct_reads={node.direct_reads!r}", flush=True)
 comm.transport.close()
 print(f"rank {rank} ok")

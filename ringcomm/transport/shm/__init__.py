@@ -5,14 +5,14 @@ other's memory. One module per role:
 - ``rings.py``      descriptor rings: publish, discover, acknowledge; memory-ordering argument
 - ``staging.py``    the fixed staging pool and its shares; when a send waits, when it overflows
 - ``segments.py``   /dev/shm files: create (fallocate), map, unlink, sweep files of dead owners
-- ``cma.py``        process_vm_readv: reading a peer's private memory, the probe
+- ``cma.py``        process_vm_readv/writev: reading and writing a peer's private memory, the probe
 - ``node.py``       the bounded node-wide handshakes of setup and ``allocate``
 
 docs/transports.md describes the protocol, docs/reliability.md what it promises and how that is
 tested.
 """
-from .cma import read_process
+from .cma import read_process, write_process
 from .segments import PREFIX, SHM_DIR, Segment
 from .transport import WINDOW_SLOTS, ShmTransport
 
-__all__ = ["ShmTransport", "Segment", "read_process", "PREFIX", "SHM_DIR", "WINDOW_SLOTS"]
+__all__ = ["ShmTransport", "Segment", "read_process", "write_process", "PREFIX", "SHM_DIR", "WINDOW_SLOTS"]

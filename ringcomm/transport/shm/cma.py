@@ -1,16 +1,20 @@
-"""Cross Memory Attach: a rank reads a peer's private array straight out of the peer's process.
+"""Cross Memory Attach: a rank reads a peer's private array straight out of the peer's process,
+or writes into it.
 
 process_vm_readv (called through ctypes, which drops the GIL for the call) copies a range of
 another process's memory into this one: one copy per receive, where staging costs two (copy into
-the pool, then read from it). The kernel allows it only where the reader could attach a debugger
-to the peer anyway (same user, ptrace permitted), and the ranks of a node are already trusted
-with each other's 0600 segments, so it grants nothing a rank could not do already.
+the pool, then read from it). process_vm_writev is the same copy the other way, done by the
+rank that has the data: a gather's ranks write their blocks into the root's output at once,
+each on its own core, instead of the root reading them one after another. The kernel allows
+both only where the caller could attach a debugger to the peer anyway (same user, ptrace
+permitted), and the ranks of a node are already trusted with each other's 0600 segments, so
+they grant nothing a rank could not do already.
 
-Containers often forbid it (seccomp, ptrace rules: EPERM), so at setup every rank test-reads a
-random token from the next rank of the node (the token also catches ranks in other pid
-namespaces, where a pid names another process), and the node agrees: CMA for every pair, or for
-none ("off: <why>"). A ring of such reads crosses every boundary between groups of ranks that
-cannot read each other. RINGCOMM_SHM_CMA=0 turns it off.
+Containers often forbid them (seccomp, ptrace rules: EPERM), so at setup every rank test-reads a
+random token from the next rank of the node and writes the same value back (the token also
+catches ranks in other pid namespaces, where a pid names another process), and the node agrees:
+CMA, both ways, for every pair, or for none ("off: <why>"). A ring of such probes crosses every
+boundary between groups of ranks that cannot reach each other. RINGCOMM_SHM_CMA=0 turns it off.
 
 Whether a send is read by CMA is then the sender's own decision, per collective (see
 ``min_bytes``): the descriptor says where the payload is, so ranks need not agree on it.
@@ -46,10 +50,11 @@ class _IoVec(ctypes.Structure):
     _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
 
 
-def _load_process_vm_readv():
-    """libc's process_vm_readv, or None where there is none (not Linux, an old libc)."""
+def _load(name: str):
+    """libc's process_vm_readv or process_vm_writev, or None where there is none (not Linux, an
+    old libc)."""
     try:
-        f = ctypes.CDLL(None, use_errno=True).process_vm_readv
+        f = getattr(ctypes.CDLL(None, use_errno=True), name)
     except (OSError, AttributeError):
         return None
     f.argtypes = [ctypes.c_int, ctypes.POINTER(_IoVec), ctypes.c_ulong,
@@ -58,25 +63,34 @@ def _load_process_vm_readv():
     return f
 
 
-_process_vm_readv = _load_process_vm_readv()
+_process_vm_readv = _load("process_vm_readv")
+_process_vm_writev = _load("process_vm_writev")
 
 
-def read_process(pid: int, addr: int, dst_addr: int, nbytes: int) -> None:
-    """Copy ``nbytes`` at ``addr`` in process ``pid`` to ``dst_addr`` here; OSError on failure.
-
-    The kernel may stop short (a page it could not read), so the rest is asked for again; that
-    second call then reports the error.
-    """
+def _transfer(call, pid: int, remote_addr: int, local_addr: int, nbytes: int) -> None:
+    """Copy ``nbytes`` between ``remote_addr`` in process ``pid`` and ``local_addr`` here, the way
+    ``call`` goes; OSError on failure. The kernel may stop short (a page it could not reach), so
+    the rest is asked for again; that second call then reports the error."""
     local, remote = _IoVec(), _IoVec()
     done = 0
     while done < nbytes:
-        local.base, local.len = dst_addr + done, nbytes - done
-        remote.base, remote.len = addr + done, nbytes - done
-        got = _process_vm_readv(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+        local.base, local.len = local_addr + done, nbytes - done
+        remote.base, remote.len = remote_addr + done, nbytes - done
+        got = call(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
         if got <= 0:   # 0 would loop forever; the kernel only returns it for empty vectors
             code = ctypes.get_errno() if got < 0 else errno.EIO
             raise OSError(code, os.strerror(code))
         done += got
+
+
+def read_process(pid: int, addr: int, dst_addr: int, nbytes: int) -> None:
+    """Copy ``nbytes`` at ``addr`` in process ``pid`` to ``dst_addr`` here; OSError on failure."""
+    _transfer(_process_vm_readv, pid, addr, dst_addr, nbytes)
+
+
+def write_process(pid: int, addr: int, src_addr: int, nbytes: int) -> None:
+    """Copy ``nbytes`` at ``src_addr`` here to ``addr`` in process ``pid``; OSError on failure."""
+    _transfer(_process_vm_writev, pid, addr, src_addr, nbytes)
 
 
 def min_bytes() -> int:
@@ -95,8 +109,8 @@ def blocked() -> Optional[str]:
     """Why this rank must not even try CMA; None if it may."""
     if not env.get("RINGCOMM_SHM_CMA"):
         return "RINGCOMM_SHM_CMA=0"
-    if _process_vm_readv is None:
-        return "libc has no process_vm_readv"
+    if _process_vm_readv is None or _process_vm_writev is None:
+        return "libc has no process_vm_readv/process_vm_writev"
     return None
 
 
@@ -108,7 +122,8 @@ def errno_text(err: OSError) -> str:
 
 
 class Reader:
-    """Reads peers' memory for one transport; errors name the peer's rank, pid, address, size."""
+    """Reads (and writes) peers' memory for one transport; errors name the peer's rank, pid,
+    address, size."""
 
     def __init__(self, rank: int, ranks: list, pids: list):
         self.rank, self.ranks, self.pids = rank, ranks, pids
@@ -116,22 +131,31 @@ class Reader:
 
     def pull(self, p: int, addr: int, dst: np.ndarray) -> None:
         """Copy ``dst.nbytes`` bytes at ``addr`` of node rank ``p``'s memory into ``dst``."""
+        self._reach(read_process, "read", p, addr, dst)
+
+    def push(self, p: int, addr: int, src: np.ndarray) -> None:
+        """Copy ``src`` (contiguous) to ``addr`` of node rank ``p``'s memory."""
+        self._reach(write_process, "write", p, addr, src)
+
+    def _reach(self, transfer, verb: str, p: int, addr: int, local: np.ndarray) -> None:
         try:
-            read_process(self.pids[p], addr, address(dst), dst.nbytes)
+            transfer(self.pids[p], addr, address(local), local.nbytes)
         except OSError as err:
-            raise CommError(f"shm transport on rank {self.rank}: cannot read {dst.nbytes} bytes at "
+            raise CommError(f"shm transport on rank {self.rank}: cannot {verb} {local.nbytes} bytes at "
                             f"{addr:#x} of rank {self.ranks[p]} (pid {self.pids[p]}): "
                             f"{errno_text(err)}") from None
 
     def probe(self, p: int, addr: int, value: int) -> Optional[str]:
-        """Why reading node rank ``p``'s token failed, or None if it read ``value``."""
+        """Why reading node rank ``p``'s token, or writing the same value back, failed; None if
+        it read ``value`` and could write it (the token is unchanged either way)."""
         got = np.zeros(1, np.int64)
         try:
             self.pull(p, addr, got)
+            if got[0] != value:
+                return f"rank {self.rank} read a wrong probe value from rank {self.ranks[p]}"
+            self.push(p, addr, got)
         except CommError as err:
             return str(err)
-        if got[0] != value:
-            return f"rank {self.rank} read a wrong probe value from rank {self.ranks[p]}"
         return None
 
     def copy(self, p: int, addr: int, buf: np.ndarray) -> None:

@@ -305,17 +305,18 @@ class ShmTransport(Transport):
                              f'{WINDOW_SLOTS - 1}, got {slot!r})')
         return self._windows[slot]
 
-    def _window_reader(self, node_ranks: list):
-        """What a window's direct algorithms read peers with (window rank -> node rank), or None
-        where this node cannot read by CMA."""
+    def _window_access(self, node_ranks: list) -> dict:
+        """The reader and writer a window's direct algorithms reach peers' memory with (window
+        rank -> node rank); neither where this node cannot use CMA."""
         if not self._direct:
-            return None
-        pull = self._reader.pull
-        return lambda r, addr, dst: pull(node_ranks[r], addr, dst)
+            return {}
+        pull, push = self._reader.pull, self._reader.push
+        return dict(reader=lambda r, addr, dst: pull(node_ranks[r], addr, dst),
+                    writer=lambda r, addr, src: push(node_ranks[r], addr, src))
 
     def _make_window(self, regions: list):
         kwargs = dict(aborted=self.aborted_reason, spin=spin_for(self.n), capacity=JOB_CAPACITY,
-                      reader=self._window_reader(list(range(self.n))))
+                      **self._window_access(list(range(self.n))))
         if self._fault is not None and self._fault.phase == "one_shot":
             return _FaultWindow(self.me, regions, fire=self._fire, **kwargs)
         return Window(self.me, regions, **kwargs)
@@ -854,7 +855,7 @@ class ShmTransport(Transport):
         node_ranks = [self.local[m] for m in members]
         return Window(members.index(self.rank), [regions[r] for r in node_ranks],
                       aborted=lambda peer: self.aborted_reason(node_ranks[peer]), spin=spin_for(self.n),
-                      reader=self._window_reader(node_ranks))
+                      **self._window_access(node_ranks))
 
 
 def _reduce(req: _Recv, dst, msg, start: int) -> None:
