@@ -27,7 +27,7 @@ demo: setup
 	$(VENV)/bin/mpirun -n 2 $(PY) examples/compare_backends.py
 
 test: setup
-	$(PY) -m pytest -q -ra
+	$(PY) -m pytest -q -ra --durations=15
 
 torch-tests: setup
 	$(PY) tests/torch_suite/run.py --sizes 2,3

@@ -1,6 +1,7 @@
 """`mpirun -n 2 python -m ringcomm.tune` writes a file that a new job loads and selects with."""
 
 import re
+import time
 
 import pytest
 
@@ -80,6 +81,19 @@ def floors(stdout: str) -> dict:
     interleave mid-line)."""
     return {name: [int(v) for v in re.findall(rf"\b{name}=(\d+)", stdout)]
             for name in ("cma_min_bytes", "cma_p2p_min_bytes")}
+
+
+@pytest.mark.mpi
+def test_tune_that_cannot_write_its_file_says_so_on_every_rank_before_measuring(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    out = blocker / "tuning.json"   # under a regular file: no directory can be made there
+    started = time.monotonic()
+    proc = run_mpi(2, "selector_tune.py", "--quick", "--out", str(out), timeout=60, check=False)
+    assert proc.returncode != 0
+    assert f"ringcomm.tune: cannot write the tuning file {out}" in proc.stderr, proc.stderr
+    assert "ringcomm.tune: rank 0 could not write the tuning file" in proc.stderr, proc.stderr
+    assert "measured crossovers" not in proc.stdout and time.monotonic() - started < 30
 
 
 @pytest.mark.parametrize("field", ["cma_min", "cma_p2p_min"])

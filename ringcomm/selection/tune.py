@@ -21,6 +21,7 @@ The file goes to ``--out``, else ``RINGCOMM_TUNING_FILE``, else ~/.cache/ringcom
 """
 from __future__ import annotations
 
+import os
 import socket
 import statistics
 import time
@@ -391,6 +392,31 @@ def _communicator() -> tuple:
     return comm, ranks_here, crowded
 
 
+def _unwritable(path: Path) -> Optional[str]:
+    """Why the tuning file cannot be written at ``path``, or None: tried before the minutes of
+    measuring, not after them."""
+    probe = path.with_name(path.name + f".probe{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        probe.write_text("")
+        probe.unlink()
+    except OSError as err:
+        return f"cannot write the tuning file {path}: {err}"
+    return None
+
+
+def _all_hear(comm, why: Optional[str]) -> None:
+    """Rank 0's verdict (why the command cannot go on, or None) reaches every rank, and every rank
+    exits with it: a rank left waiting in a collective would hang until its timeout."""
+    import numpy as np
+    flag = np.array([0 if why is None else 1], np.int64)
+    comm.broadcast(flag, 0)
+    if flag[0]:
+        comm.close()
+        raise SystemExit(f"ringcomm.tune: {why}" if comm.rank == 0 else
+                         "ringcomm.tune: rank 0 could not write the tuning file (its message says why)")
+
+
 def main(argv=None) -> int:
     import argparse
 
@@ -433,6 +459,7 @@ def main(argv=None) -> int:
     budget = 0.02 if args.quick else 0.1
     link_sizes = [8, 1 << 10, 8 << 10, 64 << 10, 512 << 10, 4 << 20]
     path = Path(args.out).expanduser() if args.out else default_path()
+    _all_hear(comm, _unwritable(path) if comm.rank == 0 else None)
     old = None
     if comm.rank == 0 and path.exists():
         try:
@@ -466,6 +493,7 @@ def main(argv=None) -> int:
                                          2 if args.quick else args.rounds, 0.01 if args.quick else 0.03)
              for collective in SWEPT}
     seconds = timed["all_reduce"]   # the links are fitted to the all-reduce sweep
+    failed = None   # rank 0's: why the file could not be written
     if comm.rank == 0:
         from .selector import local_sizes
         shape = local_sizes(topo.node_of, comm.size)
@@ -499,8 +527,11 @@ def main(argv=None) -> int:
             if found:
                 print(f"direct reads (CMA) against staging, {what}: " + "  ".join(
                     f"{n >> 10}K {d / s:.2f}x" for n, (s, d) in found[1].items()) + f"; from {found[0] >> 10} KiB on")
-        save_tuning(tuning, path, host=socket.gethostname(), ranks=comm.size, local_sizes=list(shape),
-                    created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        try:
+            save_tuning(tuning, path, host=socket.gethostname(), ranks=comm.size, local_sizes=list(shape),
+                        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        except OSError as err:   # the measurements below are still worth reading
+            failed = f"cannot write the tuning file {path}: {err}"
         for route in pairs:
             a, b = links[route][:2]
             print(f"{route:8s} alpha {a * 1e6:8.2f} us   beta {1 / b / 1e9:6.2f} GB/s")
@@ -522,8 +553,9 @@ def main(argv=None) -> int:
             for what, table in (("measured", measured), ("model", predicted)):
                 print(f"{collective} {what} crossovers: "
                       + ("; ".join(f"{a} -> {b} at {s} B" for s, a, b in crossovers(sizes, table)) or "none"))
-        print(f"wrote {path} in {time.perf_counter() - started:.1f} s")
-    comm.barrier()
+        if failed is None:
+            print(f"wrote {path} in {time.perf_counter() - started:.1f} s")
+    _all_hear(comm, failed)
     comm.close()
     return 0
 
