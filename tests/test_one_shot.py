@@ -157,6 +157,25 @@ def test_ranks_that_disagree_on_the_root_of_a_window_broadcast_all_raise_instead
     assert any("differs in root: expected 0, received 2" in str(e) for e in out), out
 
 
+@pytest.mark.parametrize("bad", ["root", "count"])
+def test_ranks_that_disagree_on_a_direct_gather_write_nothing_into_any_root(bad):
+    # Direct gather writes into the root's memory: a rank may write only after round 1 showed
+    # every rank in the same call, with the same root and count.
+    def fn(comm):
+        root = 1 if bad == "root" and comm.rank == 1 else 0
+        count = 5 if bad == "count" and comm.rank == 2 else 4
+        x = np.full(count, float(comm.rank), np.float32)
+        out = np.full(3 * count, -1.0, np.float32) if comm.rank == root else None
+        try:
+            comm.gather(out, x, root=root, algorithm="direct")
+        except MismatchError as err:
+            return err, out
+        return None, out
+    out = run_threads(3, fn)
+    assert all(isinstance(err, MismatchError) for err, _ in out), out
+    assert all(o is None or (o == -1).all() for _, o in out), out
+
+
 @pytest.mark.parametrize("collective", ["all_gather", "reduce_scatter"])
 def test_uneven_counts_with_the_same_total_but_another_split_raise_on_every_rank(collective):
     def fn(comm):
