@@ -28,8 +28,12 @@ def settle(window, k: int, stamp: int, word: int, trouble: Callable, piece: int,
     if window.lagging(k) is not None and window.wait(k, STALL_CHECK) is not None:
         guard = trouble()   # slow path: from here on, explain the stall or time out
         peer = window.lagging(k)
+        # A peer seen lagging may post round k, finish it and post its next call's first round
+        # before the diagnosis looks at its slot: the round is re-tested before a stamp from
+        # that next call is taken for a mismatch.
+        done = lambda: window.lagging(k) is None   # noqa: E731
         while peer is not None:
-            guard.stalled(peer, piece, pieces)
+            guard.stalled(peer, piece, pieces, done)
             peer = window.wait(k, STALL_CHECK)
     odd = window.odd_stamp(k, stamp, word)
     if odd is not None:

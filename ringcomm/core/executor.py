@@ -267,8 +267,9 @@ class WindowGuard:
         self.envelope, self.what, self.rank, self.count = envelope, what, transport.rank, count
         self.word, self.describe_word = word, describe_word   # the round's shape word and how to explain a difference
 
-    def stalled(self, peer: int, piece: int, pieces: int) -> None:
-        self.watch.stalled(Recv(peer, 0, self.count), piece, pieces)
+    def stalled(self, peer: int, piece: int, pieces: int, done=None) -> None:
+        """``done()`` re-tests the round before a mismatch is declared (_Watch.diagnose)."""
+        self.watch.stalled(Recv(peer, 0, self.count), piece, pieces, done)
 
     def mismatch(self, peer: int, stamp: int, word: int = 0) -> None:
         """``stamp`` and ``word`` are the peer's window stamp (envelope.window_stamp) and shape word."""
