@@ -671,10 +671,19 @@ class Communicator:
                     with scope:
                         test, cancel = self._post(call, work)
                     test = scope.wrap(test)
+                # A send copied out of the caller's array as it was posted (the threads
+                # transport, shm's pool: Request.buffered) is done already: finished here, it
+                # costs the progress thread no wake-up and its waiter no hand-off.
+                sent = call.name == "send" and test()
         except BaseException as err:
             settle(entry, work, f"failed: {type(err).__name__}")
             engine.done()
             work._finish(None, err)
+            return
+        if sent:
+            settle(entry, work, "done")
+            engine.done()
+            work._finish(work._result, None)
             return
         entry.state = "posted"
         with engine.state:
@@ -710,7 +719,7 @@ class Communicator:
         deadline = deadline_of(self.timeout)
         watch = _P2PWatch(self, call, work.description, deadline)
         if call.name == "send":
-            # Staged until it completes: a send from 1 MiB on (cma.P2P_MIN_BYTES) is read by
+            # Staged until it completes: a send from 4 MiB on (cma.P2P_MIN_BYTES) is read by
             # its receiver straight out of this process (CMA) instead of through the staging
             # pool or MPI. Host sends below that size skip the staging, which would cost as much
             # as the send.
@@ -725,7 +734,7 @@ class Communicator:
 
             def sent() -> bool:
                 try:
-                    done = request.test() or watch.stalled(call.peer, Send(call.peer, 0, call.count))
+                    done = request.buffered() or watch.stalled(call.peer, Send(call.peer, 0, call.count))
                 except BaseException:
                     staged.close()
                     raise

@@ -182,12 +182,12 @@ def test_a_failed_read_or_write_names_the_peer_errno_address_and_size(monkeypatc
         ctypes.set_errno(errno.EFAULT)
         return -1
     monkeypatch.setattr(cma, "_process_vm_readv", fault)
-    reader = cma.Reader(0, [0, 5], [os.getpid(), 4321])
+    memory = cma.PeerMemory(0, [0, 5], [os.getpid(), 4321])
     with pytest.raises(CommError, match=r"rank 0: cannot read 8 bytes at 0x1000 of rank 5 \(pid 4321\): EFAULT"):
-        reader.pull(1, 0x1000, np.zeros(1, np.int64))
+        memory.pull(1, 0x1000, np.zeros(1, np.int64))
     monkeypatch.setattr(cma, "_process_vm_writev", fault)
     with pytest.raises(CommError, match=r"rank 0: cannot write 8 bytes at 0x1000 of rank 5 \(pid 4321\): EFAULT"):
-        reader.push(1, 0x1000, np.zeros(1, np.int64))
+        memory.push(1, 0x1000, np.zeros(1, np.int64))
 
 
 def test_timeout_is_an_error_not_a_hang():

@@ -39,6 +39,13 @@ class Request(ABC):
         """Withdraw a receive that has not matched (its buffer is never written after this).
         Sends and completed requests ignore it."""
 
+    def buffered(self) -> bool:
+        """A send: True once its buffer may change, which a transport that copies the bytes out
+        when it posts (MPI's eager send) knows before the send completes; the transport then
+        finishes it on its own. ``comm.send`` completes on this; a collective's schedule waits
+        for completion, which keeps a transport's staging space from filling up behind it."""
+        return self.test()
+
 
 class DoneRequest(Request):
     def wait(self, timeout):

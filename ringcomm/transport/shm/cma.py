@@ -39,11 +39,12 @@ CHUNK = 1 << 20          # bytes read per system call before reducing: stays in 
 # ring at 256 KiB-16 MiB took 1.2-1.6x longer with CMA, at 64 MiB 0.75x; docs/transports.md).
 MIN_BYTES = 32 << 20
 # A send (comm.send) is one copy by CMA against two through the pool (the sender's copy in, the
-# receiver's copy out), and no reduction follows, so it pays for the pinning much sooner than a
-# collective: 2 ranks exchanging messages (allreduce_perf.py --collective sendrecv, alternating
-# launches with this floor at 64K and at 1G) took 0.75-0.82x the pooled time at 1 MiB, 0.70x at 4
-# MiB, the same at 512 KiB, and 1.0-1.3x longer at 64-256 KiB (docs/transports.md).
-P2P_MIN_BYTES = 1 << 20
+# receiver's copy out), but a process_vm_readv here copies at a quarter of memcpy's speed in cache
+# (pinning every page), and a pooled send is done for its caller once copied in. 2 ranks
+# exchanging messages (allreduce_perf.py --collective sendrecv, two alternating launches with this
+# floor at 64K and at 1G): pooled 0.53x the CMA time at 1 MiB, 0.61-0.64x at 2 MiB, 1.35-1.37x at
+# 4 MiB (docs/transports.md).
+P2P_MIN_BYTES = 4 << 20
 
 
 class _IoVec(ctypes.Structure):
@@ -121,7 +122,7 @@ def errno_text(err: OSError) -> str:
     return f"{name} ({err.strerror})"
 
 
-class Reader:
+class PeerMemory:
     """Reads (and writes) peers' memory for one transport; errors name the peer's rank, pid,
     address, size."""
 

@@ -9,7 +9,8 @@ sender's decision, per send:
 - it lies in an array of a collective of at least ``cma_min_bytes`` (a send of at least
   ``cma_p2p_min_bytes``) staged with ``stage`` and the node can use CMA: read out of the
   sender's process (cma.py);
-- otherwise: copied into this rank's staging pool (staging.py), read from there;
+- otherwise: copied into this rank's staging pool (staging.py), read from there (a
+  ``comm.send`` is done for its caller once this copy is published: ``buffered``);
 - the pool has no room for it and must not wait (staging.py says when), or it is larger than a
   pool share: the bytes go over the node's MPI communicator ("payload over MPI").
 
@@ -99,12 +100,22 @@ class _Send(Request):
 
     def test(self) -> bool:
         t = self.t
+        with t._lock:
+            if t._send_done(self):   # a send completed when published needs no progress loop
+                return True
         t.progress()
         with t._lock:
             return t._send_done(self)
 
     def wait(self, timeout):
         return wait_polling(self.test, timeout, lambda: self.t.aborted_reason(self.peer))
+
+    def buffered(self) -> bool:
+        # Published into the pool (or empty): the caller's array was copied when it was, and
+        # the transport holds the request (_inflight) until the receiver acknowledges.
+        if self.num >= 0 and (self.pooled or self.seg == EMPTY) and self.mpi is None:
+            return True
+        return self.test()
 
 
 class _Recv(Request):
@@ -214,7 +225,7 @@ class ShmTransport(Transport):
         wanted, share = self._choose_share(min(known) if known else None, layout)
         self._probe = np.array([secrets.randbits(62)], np.int64)   # private memory, kept alive
         self._cma_why: Optional[str] = None
-        self._reader = cma.Reader(self.rank, self.ranks, self._pids)
+        self._memory = cma.PeerMemory(self.rank, self.ranks, self._pids)
         sizes = [layout.bytes(self._host_pool_bytes(s)) for s in self._fallbacks(share)]
         created = self._create("created", "mapped", sizes, "setup", prepare=self._write_header,
                                on_mapped=self._probe_peer)
@@ -271,7 +282,7 @@ class ShmTransport(Transport):
         if self._cma_why is None:
             p = (self.me + 1) % self.n
             header = views[p][:HEADER_BYTES].view(np.int64)
-            self._cma_why = self._reader.probe(p, int(header[PROBE_ADDR]), int(header[PROBE_VALUE]))
+            self._cma_why = self._memory.probe(p, int(header[PROBE_ADDR]), int(header[PROBE_VALUE]))
         return (int(self._cma_why is not None),)
 
     def _init_control(self, ctrl: Segment, views: list, layout: Layout) -> None:
@@ -310,7 +321,7 @@ class ShmTransport(Transport):
         rank -> node rank); neither where this node cannot use CMA."""
         if not self._direct:
             return {}
-        pull, push = self._reader.pull, self._reader.push
+        pull, push = self._memory.pull, self._memory.push
         return dict(reader=lambda r, addr, dst: pull(node_ranks[r], addr, dst),
                     writer=lambda r, addr, src: push(node_ranks[r], addr, src))
 
@@ -535,6 +546,8 @@ class ShmTransport(Transport):
             elif self._staged and buf.flags.c_contiguous and self._read_by_cma(addr, nbytes):
                 req.seg, req.off = CMA, addr
             else:
+                if self.pool is not None:
+                    self._reclaim(req.peer)   # space of sends completed eagerly and acknowledged since
                 outcome = self.pool.admit(req.peer, req) if self.pool is not None else staging.OVERFLOW
                 if outcome == staging.WAIT:
                     self._fire("pool_full")
@@ -581,6 +594,12 @@ class ShmTransport(Transport):
             self._release(req)
         return True
 
+    def _reclaim(self, p: int) -> None:
+        """Let go of what the sends to ``p`` that ``p`` acknowledged hold (lock held)."""
+        inflight = self._inflight[p]
+        while inflight and self._out[p].acked(inflight[0].slot, inflight[0].num):
+            self._release(inflight[0])
+
     def _release(self, req: _Send) -> None:
         req.held = False
         if req.pooled:
@@ -614,9 +633,7 @@ class ShmTransport(Transport):
                         self._out[p].queue.append(req)
                 if self._out[p].queue:
                     self._flush(p)
-                inflight = self._inflight[p]
-                while inflight and self._out[p].acked(inflight[0].slot, inflight[0].num):
-                    self._release(inflight[0])
+                self._reclaim(p)
                 self._discover(p)
                 plain = self._plain[p]
                 if plain:
@@ -688,9 +705,9 @@ class ShmTransport(Transport):
             return
         if seg == CMA:
             if req.reduce is None:
-                self._reader.copy(req.peer, req.off, buf)
+                self._memory.copy(req.peer, req.off, buf)
             else:
-                self._reader.reduce(req.peer, req.off, buf,
+                self._memory.reduce(req.peer, req.off, buf,
                                     lambda i, part: _reduce(req, buf[i:i + part.size], part, i))
             return
         if seg == VIA_MPI:
