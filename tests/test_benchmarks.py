@@ -217,3 +217,16 @@ def test_call_overhead_times_every_phase():
     assert len(rows) >= 14, proc.stdout
     assert any("one_shot.run alone" in r for r in rows) and any("mirror window" in r for r in rows)
     assert all(float(r.split()[0]) > 0 for r in rows)
+
+
+def test_cma_copy_times_both_directions_and_a_memcpy():
+    """benchmarks/cma_copy.py: one row per size, the read checked to come from the child."""
+    import subprocess
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "cma_copy.py"), "--sizes", "4K,64K", "--calls", "3"],
+                          capture_output=True, text=True, timeout=60)
+    if proc.returncode != 0 and "Operation not permitted" in proc.stderr:
+        pytest.skip("CMA is refused in this container")
+    assert proc.returncode == 0, proc.stderr
+    rows = [line.split() for line in proc.stdout.splitlines()[1:]]
+    assert [int(r[0]) for r in rows] == [4096, 65536]
+    assert all(float(v) > 0 for r in rows for v in r[1:]), proc.stdout

@@ -4,7 +4,7 @@ Round 1 trades addresses (only the root's output is used); rank r writes its blo
 (window.writer) at r's place in the root's output while the root copies its own; round 2 says
 every write is done, so the root may return. One copy per byte, no staging, every rank's copy at
 once on its own core: pulled by the root instead, the blocks would come one after another (2
-ranks, 1 MiB: 110-118 us pulled against 50-59 pushed, /work/perf8/wv.py). No byte is written
+ranks, 1 MiB: 110-118 us pulled against 50-59 pushed, docs/performance.md round eight). No byte is written
 before round 1 has checked every rank's stamp and shape word, so a rank in another call or with
 another count or root never writes into the root; a root that gives up later (a writer late
 past the timeout) keeps its output alive (Communicator._failed_call), so a late block lands there
