@@ -71,7 +71,8 @@ def test_an_uneven_call_never_reuses_the_plan_of_an_even_call_with_the_same_spli
     assert outs[0].tolist() == [0, 0, 1, 1] and outs[1].tolist() == [0, 0, 1, 1, 1]
 
 
-def test_direct_all_to_all_refuses_a_block_of_another_length_on_every_rank():
+@pytest.mark.parametrize("algorithm", ["direct", "one_shot"])
+def test_window_all_to_all_refuses_a_block_of_another_length_on_every_rank(algorithm):
     world, got = ThreadsWorld(3), [None] * 3
 
     def main(rank):
@@ -79,7 +80,7 @@ def test_direct_all_to_all_refuses_a_block_of_another_length_on_every_rank():
         sends = (1, 1, 1)
         recvs = (1, 2, 1) if rank == 0 else (1, 1, 1)   # rank 0 expects 2 from rank 1, which sends 1
         try:
-            comm.all_to_all(np.empty(sum(recvs)), np.ones(3), recvs, sends, algorithm="direct")
+            comm.all_to_all(np.empty(sum(recvs)), np.ones(3), recvs, sends, algorithm=algorithm)
         except BaseException as err:   # collected, then asserted on
             got[rank] = err
     threads = [threading.Thread(target=main, args=(r,)) for r in range(3)]
@@ -89,3 +90,4 @@ def test_direct_all_to_all_refuses_a_block_of_another_length_on_every_rank():
         t.join(30)
     assert isinstance(got[0], MismatchError) and "rank 1 sends 1 elements to this rank, which expects 2" in str(got[0])
     assert all(isinstance(e, (MismatchError, PeerAbortedError)) for e in got[1:]), got
+

@@ -31,6 +31,7 @@ from .linear_gather import LinearGather
 from .linear_scatter import LinearScatter
 from .one_shot import OneShot
 from .one_shot_all_gather import OneShotAllGather
+from .one_shot_all_to_all import OneShotAllToAll
 from .one_shot_barrier import OneShotBarrier
 from .one_shot_broadcast import OneShotBroadcast
 from .one_shot_reduce_scatter import OneShotReduceScatter
@@ -48,7 +49,7 @@ _ALL = (RingAllReduce, TreeAllReduce, RecursiveDoubling, Rabenseifner, Hierarchi
         RingAllGather, RingReduceScatter, DisseminationBarrier, PairwiseAllToAll, BruckAllToAll,
         LinearGather, BinomialGather, LinearScatter, BinomialScatter, OneShotBroadcast, OneShotAllGather,
         OneShotReduceScatter, OneShotBarrier, DirectAllReduce, DirectBroadcast, DirectAllGather,
-        DirectReduceScatter, DirectGather, DirectScatter, DirectAllToAll)
+        DirectReduceScatter, DirectGather, DirectScatter, DirectAllToAll, OneShotAllToAll)
 
 _REGISTRY: dict[str, dict[str, Algorithm]] = {c: {} for c in COLLECTIVES}
 

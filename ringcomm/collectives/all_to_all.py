@@ -33,6 +33,10 @@ class AllToAll(Collective):
         recvs = self._splits(out_splits, "out_splits", ob, n)
         elements(self.name, "x", xb, sum(sends))
         elements(self.name, "out", ob, sum(recvs))
+        if in_splits is None and out_splits is None and ob.numel != xb.numel:
+            # Blocks of x's size / n go out and out's size / n come in: ranks could never agree.
+            raise bad_value(self.name, "out", f"{xb.numel} elements, as many as x (or pass out_splits=)",
+                            f"{ob.numel} elements")
         disjoint(self.name, ob, xb)
         call = Call(self, xb, ob, dtype=xb.dtype, count=xb.numel, result=out, counts=sends,
                     recv_counts=recvs, in_place=False)

@@ -1,0 +1,78 @@
+"""One-shot all-to-all through a shared window: each rank lays the blocks for its peers side by
+side in its slot, and every rank copies its own block out of every slot.
+
+Round i: every rank copies the i-th piece (q = C/(n-1) elements) of each block it sends to a
+peer into that peer's place in its window slot (rank order, its own left out, as in the one-shot
+reduce-scatter) and posts the round; once all have posted, rank r copies piece i of its block
+out of every peer's slot into its output. Its own block goes from input to output in one copy.
+
+Why it is here beside the direct all-to-all (one CMA read per block): on a cache-sized call two
+memcpys beat one process_vm_readv, which pins every page it reads and copies at about a quarter
+of memcpy's speed on the machines measured (docs/performance.md, round nine).
+
+An uneven call first trades every rank's row of the split matrix (one round of n words), so that
+a block of another length than its receiver expects is a MismatchError on the receiver, never a
+short or overlong copy; an even call needs no such round (the stamp carries the block length).
+
+Bytes per rank: (n-1)/n S written, (n-1)/n S read, S/n copied (S = a rank's input). Cost:
+ceil(S (n-1)/n / C) alpha_w + 2 (n-1)/n S beta_w on the window link (the own block's copy, which
+the direct all-to-all makes too, is left out of both, as it decides nothing between them).
+"""
+from __future__ import annotations
+
+import math
+
+from ..errors import MismatchError
+from ..selection.cost import Network
+from ._direct import exchange_words
+from ._rounds import pieces_of, sync
+from .base import WindowAlgorithm
+from .one_shot_reduce_scatter import _piece
+from .pairwise_all_to_all import offsets
+
+
+class OneShotAllToAll(WindowAlgorithm):
+    name = "one_shot"
+    collective = "all_to_all"
+
+    def seconds(self, nbytes, net: Network) -> float:
+        n = net.size
+        sent = nbytes * (n - 1) / n
+        return math.ceil(sent / net.window_bytes) * net.window.alpha + 2 * sent * net.window.beta
+
+    def has_work(self, shape) -> bool:
+        return True   # counts differ per rank: a rank with nothing to move still takes part
+
+    def run(self, window, src, dst, shape, reducer, stamp, word, trouble) -> None:
+        n, me = window.size, window.rank
+        sends, recvs = shape.counts, shape.recv_counts
+        soff, roff = offsets(sends), offsets(recvs)
+        q = max(1, window.capacity // src.itemsize // (n - 1))
+        uneven = word != 0   # all_to_all's window word: whether splits were passed
+        if uneven:
+            rows = exchange_words(window, stamp, word, trouble, list(sends), 2)
+            for j in range(n):
+                if j != me and rows[j][me] != recvs[j]:
+                    raise MismatchError(f"all_to_all on rank {me}: rank {j} sends {rows[j][me]} elements to "
+                                        f"this rank, which expects {recvs[j]} from it (out_splits)")
+            longest = max(max(row) for row in rows)   # every rank runs as many rounds
+        else:
+            longest = sends[0]
+        pieces = pieces_of(longest, q)
+        if sends[me] != recvs[me]:
+            raise MismatchError(f"all_to_all on rank {me}: this rank's block to itself has {sends[me]} "
+                                f"elements in x and {recvs[me]} in out")
+        dst[roff[me]:roff[me] + recvs[me]] = src[soff[me]:soff[me] + sends[me]]
+        for i in range(pieces):
+            lo = i * q
+            slot = window.next_slot(src.dtype, (n - 1) * q)
+            for j in range(n):
+                m = min(q, sends[j] - lo)
+                if j != me and m > 0:
+                    slot[_piece(j, me, q, m)] = src[soff[j] + lo:soff[j] + lo + m]
+            k = sync(window, stamp, word, trouble, i + uneven, pieces + uneven)
+            views = window.views(k, src.dtype, (n - 1) * q)
+            for j in range(n):
+                m = min(q, recvs[j] - lo)
+                if j != me and m > 0:
+                    dst[roff[j] + lo:roff[j] + lo + m] = views[j][_piece(me, j, q, m)]
