@@ -11,8 +11,8 @@
 3. the size from which the shared-memory transport reads peers directly (CMA) rather than
    staging: both timed, interleaved, for all-reduces from 1 MiB to 64 MiB and for sends from
    128 KiB to 16 MiB (``--quick``: to --max-size, at least 2 MiB).
-4. the real crossover points: every algorithm of all_reduce, broadcast, all_gather and
-   reduce_scatter (``SWEPT``), interleaved, at every doubling from 8 B to 32 MiB (medians of
+4. the real crossover points: every algorithm of all_reduce, broadcast, all_gather,
+   reduce_scatter and all_to_all (``SWEPT``), interleaved, at every doubling from 8 B to 32 MiB (medians of
    --rounds samples). The selector uses these measured times for exactly this job shape and
    the fitted model everywhere else; the links are fitted to the all-reduce sweep.
 
@@ -162,7 +162,7 @@ def measure_gammas(budget: float = 0.05) -> dict:
     return out
 
 
-SWEPT = ("all_reduce", "broadcast", "all_gather", "reduce_scatter")   # the collectives tune times
+SWEPT = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all")   # the collectives tune times
 
 
 def candidates(comm, collective: str = "all_reduce") -> list:
@@ -181,7 +181,7 @@ def candidates(comm, collective: str = "all_reduce") -> list:
 def priced(collective: str, nbytes: int, n: int) -> int:
     """The bytes the selector prices tune's float32 call of ``collective`` at, for about ``nbytes``
     (Collective.nbytes: the vector of all_reduce and broadcast, the gathered output of
-    all_gather, the input of reduce_scatter), counts even across the ``n`` ranks."""
+    all_gather, the input of reduce_scatter and of all_to_all), counts even across the ``n`` ranks."""
     return 4 * (max(1, nbytes // 4) if collective == "all_reduce" else max(1, nbytes // 4 // n) * n)
 
 
@@ -196,6 +196,9 @@ def operands(comm, collective: str, nbytes: int):
     # direct read (CMA) finds in cache every time; tune timed direct broadcast 1.4x too fast so.
     whole = np.ones(count, np.float32)
     part = np.ones(count // comm.size, np.float32)
+    if collective == "all_to_all":
+        out = np.ones(count, np.float32)
+        return lambda algorithm: comm.all_to_all(out, whole, algorithm=algorithm)
     runs = {"broadcast": lambda algorithm: comm.broadcast(whole, 0, algorithm=algorithm),
             "all_gather": lambda algorithm: comm.all_gather(whole, part, algorithm=algorithm),
             "reduce_scatter": lambda algorithm: comm.reduce_scatter(part, whole, algorithm=algorithm)}
