@@ -190,12 +190,13 @@ def test_uneven_counts_with_the_same_total_but_another_split_raise_on_every_rank
     assert any("differs in counts" in str(e) for e in out), out
 
 
-@pytest.mark.parametrize("collective", ["barrier", "broadcast", "all_gather", "reduce_scatter"])
+@pytest.mark.parametrize("collective", ["barrier", "broadcast", "all_gather", "reduce_scatter", "all_to_all"])
 def test_a_rank_that_never_comes_is_named_by_every_waiting_rank_within_the_timeout(collective):
     calls = {"barrier": lambda c: c.barrier(algorithm="one_shot"),
              "broadcast": lambda c: c.broadcast(np.ones(8), algorithm="one_shot"),
              "all_gather": lambda c: c.all_gather(np.ones(24), np.ones(8), algorithm="one_shot"),
-             "reduce_scatter": lambda c: c.reduce_scatter(np.ones(8), np.ones(24), algorithm="one_shot")}
+             "reduce_scatter": lambda c: c.reduce_scatter(np.ones(8), np.ones(24), algorithm="one_shot"),
+             "all_to_all": lambda c: c.all_to_all(np.ones(24), np.ones(24), algorithm="one_shot")}
 
     def fn(comm):
         if comm.rank != 2:
@@ -306,3 +307,23 @@ def test_a_peer_that_finished_the_round_and_started_the_next_call_is_not_a_misma
         return guard
     settle(windows[0], k, ours, 0, trouble, 0, 1)   # returns: no MismatchError
     assert windows[0].lagging(k) is None
+
+
+def test_one_shot_all_to_all_runs_as_many_rounds_as_the_longest_block_of_any_rank():
+    # 3 ranks, float64: a round carries 32768 elements of each block (512 KiB over 2 peers). Only
+    # rank 0's block for rank 2 needs three rounds, and rank 1 sends nothing at all: every rank
+    # must still run three rounds (the longest block of the whole split matrix), or they hang.
+    from ringcomm import collectives
+    m = [[5, 0, 80000], [0, 0, 0], [7, 40000, 1]]   # m[i][j]: elements rank i sends to rank j
+
+    def fn(comm):
+        r = comm.rank
+        x = np.arange(sum(m[r]), dtype=np.float64) + 1e6 * r
+        out = np.full(sum(m[i][r] for i in range(3)), -1.0)
+        comm.all_to_all(out, x, [m[i][r] for i in range(3)], m[r], algorithm="one_shot")
+        return x, out
+    got = outcomes(3, fn, timeout=30)
+    assert not any(isinstance(g, BaseException) for g in got), got
+    expected = collectives.get("all_to_all").reference([g[0] for g in got], in_splits=[tuple(row) for row in m])
+    for r in range(3):
+        assert np.array_equal(got[r][1], expected[r]), r
