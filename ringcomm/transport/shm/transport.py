@@ -101,7 +101,7 @@ class _Send(Request):
     def test(self) -> bool:
         t = self.t
         with t._lock:
-            if t._send_done(self):   # a send completed when published needs no progress loop
+            if t._send_done(self):   # acknowledged already: no progress pass needed
                 return True
         t.progress()
         with t._lock:
@@ -547,7 +547,7 @@ class ShmTransport(Transport):
                 req.seg, req.off = CMA, addr
             else:
                 if self.pool is not None:
-                    self._reclaim(req.peer)   # space of sends completed eagerly and acknowledged since
+                    self._reclaim(req.peer)   # space of sends acknowledged since (comm.send leaves them early)
                 outcome = self.pool.admit(req.peer, req) if self.pool is not None else staging.OVERFLOW
                 if outcome == staging.WAIT:
                     self._fire("pool_full")
