@@ -40,6 +40,14 @@ def settle(window, k: int, stamp: int, word: int, trouble: Callable, piece: int,
         trouble().mismatch(odd, window.stamp(odd, k), window.word(odd, k))
 
 
+def piece(part: int, writer: int, q: int, m: int) -> slice:
+    """Where the m-element piece meant for rank ``part`` lies in rank ``writer``'s slot, when a
+    slot holds one q-element place per other rank in rank order, the writer's own left out (the
+    one-shot reduce-scatter's parts, the one-shot all-to-all's blocks)."""
+    at = (part - (part > writer)) * q
+    return slice(at, at + m)
+
+
 def pieces_of(count: int, per: int) -> int:
     """Rounds to move ``count`` elements ``per`` at a time (one, even for nothing)."""
     return max(1, -(-count // per))

@@ -25,9 +25,8 @@ import math
 from ..errors import MismatchError
 from ..selection.cost import Network
 from ._direct import exchange_words
-from ._rounds import pieces_of, sync
+from ._rounds import piece, pieces_of, sync
 from .base import WindowAlgorithm
-from .one_shot_reduce_scatter import _piece
 from .pairwise_all_to_all import offsets
 
 
@@ -50,7 +49,9 @@ class OneShotAllToAll(WindowAlgorithm):
         q = max(1, window.capacity // src.itemsize // (n - 1))
         uneven = word != 0   # all_to_all's window word: whether splits were passed
         if uneven:
-            rows = exchange_words(window, stamp, word, trouble, list(sends), 2)
+            # The rounds to come depend on every rank's row: a stall here names this rank's own guess.
+            guess = 1 + pieces_of(max(max(sends), max(recvs)), q)
+            rows = exchange_words(window, stamp, word, trouble, list(sends), guess)
             for j in range(n):
                 if j != me and rows[j][me] != recvs[j]:
                     raise MismatchError(f"all_to_all on rank {me}: rank {j} sends {rows[j][me]} elements to "
@@ -69,10 +70,10 @@ class OneShotAllToAll(WindowAlgorithm):
             for j in range(n):
                 m = min(q, sends[j] - lo)
                 if j != me and m > 0:
-                    slot[_piece(j, me, q, m)] = src[soff[j] + lo:soff[j] + lo + m]
+                    slot[piece(j, me, q, m)] = src[soff[j] + lo:soff[j] + lo + m]
             k = sync(window, stamp, word, trouble, i + uneven, pieces + uneven)
             views = window.views(k, src.dtype, (n - 1) * q)
             for j in range(n):
                 m = min(q, recvs[j] - lo)
                 if j != me and m > 0:
-                    dst[roff[j] + lo:roff[j] + lo + m] = views[j][_piece(me, j, q, m)]
+                    dst[roff[j] + lo:roff[j] + lo + m] = views[j][piece(me, j, q, m)]

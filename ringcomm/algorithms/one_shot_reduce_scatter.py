@@ -19,15 +19,8 @@ import numpy as np
 
 from ..core.schedule import layout
 from ..selection.cost import Network
-from ._rounds import pieces_of, sync
+from ._rounds import piece, pieces_of, sync
 from .base import WindowAlgorithm
-
-
-def _piece(part: int, writer: int, q: int, m: int) -> slice:
-    """Where the m-element piece of rank ``part``'s part lies in rank ``writer``'s slot: the parts
-    q apart in rank order, the writer's own left out."""
-    at = (part - (part > writer)) * q
-    return slice(at, at + m)
 
 
 class OneShotReduceScatter(WindowAlgorithm):
@@ -55,7 +48,7 @@ class OneShotReduceScatter(WindowAlgorithm):
             for r, (o, c) in enumerate(parts):
                 m = min(q, c - lo)
                 if m > 0 and r != me:
-                    slot[_piece(r, me, q, m)] = src[o + lo:o + lo + m]
+                    slot[piece(r, me, q, m)] = src[o + lo:o + lo + m]
             k = sync(window, stamp, word, trouble, i, pieces)
             m = min(q, mine - lo)
             if m <= 0:
@@ -64,7 +57,7 @@ class OneShotReduceScatter(WindowAlgorithm):
             mine_now = src[own + lo:own + lo + m]
             if aliased:
                 mine_now = mine_now.copy()
-            operands = [mine_now if w == me else views[w][_piece(me, w, q, m)] for w in range(n)]
+            operands = [mine_now if w == me else views[w][piece(me, w, q, m)] for w in range(n)]
             out = dst[lo:lo + m]
             combine(out, operands[0], operands[1])   # rank order: x0 OP x1 OP x2 ...
             for r in range(2, n):
