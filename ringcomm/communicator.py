@@ -666,10 +666,10 @@ class Communicator:
             entry.started = time.monotonic()
             with engine.exec:
                 if scope is None:
-                    test, cancel = self._post(call, work)
+                    test, cancel, passive = self._post(call, work)
                 else:
                     with scope:
-                        test, cancel = self._post(call, work)
+                        test, cancel, passive = self._post(call, work)
                     test = scope.wrap(test)
                 # A send copied out of the caller's array as it was posted (the threads
                 # transport, shm's pool: Request.buffered) is done already: finished here, it
@@ -688,7 +688,7 @@ class Communicator:
         entry.state = "posted"
         with engine.state:
             engine.watch(Pending(_with_deadline(test, self.timeout, work.description), cancel, work,
-                                 work.description, entry))
+                                 work.description, entry), wake=not passive())
 
     def _refuse_if_broken(self, work: Work) -> None:
         if self._broken is not None:
@@ -700,7 +700,7 @@ class Communicator:
             self._refuse_if_broken(work)
             entry.started = time.monotonic()
             with self.engine.exec:
-                test, _ = self._post(call, work)
+                test, _, _ = self._post(call, work)
                 entry.state = "posted"
                 wait_polling(_with_deadline(test, self.timeout, work.description), None)   # raises at the deadline
         except BaseException as err:
@@ -713,7 +713,7 @@ class Communicator:
 
     def _post(self, call: Call, work: Work) -> tuple:
         """Post one send or receive; return (the test the progress thread polls until it is done,
-        what withdraws it)."""
+        what withdraws it, whether its peer finishes it alone: Request.passive)."""
         transport, flat = self.transport, (call.inp if call.name == "send" else call.out).flat
         tag = p2p_tag(call.dtype.name, call.tag)
         deadline = deadline_of(self.timeout)
@@ -745,11 +745,12 @@ class Communicator:
             def withdraw() -> None:
                 request.cancel()
                 staged.close()
-            return sent, withdraw
+            return sent, withdraw, request.passive
         if call.peer is not None:
             work.source = call.peer
             request = transport.irecv(flat, call.peer, tag)
-            return lambda: request.test() or watch.stalled(call.peer, Recv(call.peer, 0, call.count)), request.cancel
+            return (lambda: request.test() or watch.stalled(call.peer, Recv(call.peer, 0, call.count)),
+                    request.cancel, not_passive)
         found: list = []
 
         def any_source() -> bool:   # find the first message under this tag, then receive it
@@ -760,7 +761,13 @@ class Communicator:
                 work.source = hit[0]
                 found.append(transport.irecv(flat, hit[0], tag))
             return found[0].test() or watch.stalled(work.source, Recv(work.source, 0, call.count))
-        return any_source, lambda: found and found[0].cancel()
+        return any_source, lambda: found and found[0].cancel(), not_passive
+
+
+def not_passive() -> bool:
+    """A receive (or a reference library's send) is never passive: it moves only while this rank
+    tests it."""
+    return False
 
 
 class _P2PWatch:

@@ -34,7 +34,10 @@ class Work:
         return self._result
 
     def is_completed(self) -> bool:
-        return self._done.is_set()
+        done = self._done
+        if not done.is_set() and self._drive is not None:
+            self._drive(False)   # a posted send/recv: one test, unless another thread is testing it
+        return done.is_set()
 
     def exception(self) -> Optional[BaseException]:
         return self._error if self._done.is_set() else None

@@ -58,3 +58,78 @@ def test_work_queued_by_a_delegate_during_an_inline_call_keeps_its_count():
     assert in_thread(delegate)[1] is None and box
     engine.release_inline()
     assert engine.outstanding == 1 and engine.inline is None
+
+
+def _idle_engine():
+    """An engine whose progress thread has started and gone idle (waiting for work)."""
+    import time
+    engine = Engine("rank 0", fail=lambda err: None)
+    with engine.state:
+        engine._start()
+    deadline = time.monotonic() + 5
+    while not engine.idle_wait:
+        assert time.monotonic() < deadline, "the progress thread never went idle"
+        time.sleep(1e-3)
+    return engine
+
+
+def test_a_passive_send_does_not_wake_the_idle_thread_and_completes_when_asked():
+    """watch(wake=False) (Request.passive): nobody tests it until its Work is asked, and then
+    asking is enough: is_completed() tests it once, as wait() does."""
+    from ringcomm.core.progress import Pending
+    from ringcomm.work import Work
+    engine = _idle_engine()
+    tests, acked = [], threading.Event()
+
+    def test():
+        tests.append(threading.current_thread().name)
+        return acked.is_set()
+    work = Work("send p2p#1 to rank 1 (tag 0) on rank 0")
+    with engine.state:
+        engine.outstanding += 1
+        engine.watch(Pending(test, lambda: None, work, work.description, _Entry()), wake=False)
+    threading.Event().wait(0.05)
+    assert tests == [] and engine.idle_wait, "an idle progress thread was woken for a passive send"
+    assert not work.is_completed()
+    acked.set()
+    assert work.is_completed() and work.wait(1) is None
+    assert set(tests) == {threading.current_thread().name}
+    with engine.state:
+        assert engine.outstanding == 0 and not engine.pending
+    engine.close(1)
+
+
+def test_close_completes_a_passive_send_acknowledged_unobserved_and_cancels_the_rest():
+    from ringcomm.core.progress import Pending
+    from ringcomm.errors import CommError
+    from ringcomm.work import Work
+    engine = _idle_engine()
+    acked, unmatched = Work("send p2p#1"), Work("send p2p#2")
+    cancelled = []
+    with engine.state:
+        engine.outstanding += 2
+        engine.watch(Pending(lambda: True, lambda: None, acked, acked.description, _Entry()), wake=False)
+        engine.watch(Pending(lambda: False, lambda: cancelled.append(2), unmatched, unmatched.description,
+                             _Entry()), wake=False)
+    engine.close(5)
+    assert acked.wait(0) is None
+    assert cancelled == [2] and isinstance(unmatched.exception(), CommError)
+    assert "cancelled" in str(unmatched.exception())
+
+
+def test_an_active_operation_wakes_the_idle_thread_which_completes_it():
+    from ringcomm.core.progress import Pending
+    from ringcomm.work import Work
+    engine = _idle_engine()
+    work = Work("recv p2p#1 from rank 1 (tag 0) on rank 0")
+    with engine.state:
+        engine.outstanding += 1
+        engine.watch(Pending(lambda: True, lambda: None, work, work.description, _Entry()))
+    assert work._done.wait(5), "the progress thread did not complete it"
+    engine.close(1)
+
+
+class _Entry:
+    """A flight-recorder entry's fields that settle() writes."""
+    peer = 1
+    state = ended = source = None

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..communicator import not_passive
 from ..core.ops import DType, ReduceOp
 from ..errors import CommError
 from .reference import ReferenceCommunicator, comm_error
@@ -148,4 +149,4 @@ class C10dBackend(ReferenceCommunicator):
             if failed:
                 raise failed[0]
             return done.is_set()
-        return test, lambda: None   # torch's Work cannot withdraw a receive; the group is closed with it
+        return test, lambda: None, not_passive   # torch's Work cannot withdraw a receive; the group is closed with it

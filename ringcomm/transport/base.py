@@ -46,6 +46,12 @@ class Request(ABC):
         for completion, which keeps a transport's staging space from filling up behind it."""
         return self.test()
 
+    def passive(self) -> bool:
+        """A send: True when its peer can finish it without this rank doing anything more (the
+        bytes are where the receiver reads them, or the receiver may read them itself): testing
+        it only observes the acknowledgement, so nobody need be woken to test it."""
+        return False
+
 
 class DoneRequest(Request):
     def wait(self, timeout):

@@ -117,6 +117,10 @@ class _Send(Request):
             return True
         return self.test()
 
+    def passive(self) -> bool:
+        # Published, and read by the receiver from the pool or by CMA: only its acknowledgement is left.
+        return self.num >= 0 and self.mpi is None and (self.pooled or self.seg in (EMPTY, CMA))
+
 
 class _Recv(Request):
     __slots__ = ("t", "peer", "tag", "ord", "buf", "reduce", "own", "slot", "seg", "off", "nbytes",
