@@ -117,6 +117,26 @@ def test_close_completes_a_passive_send_acknowledged_unobserved_and_cancels_the_
     assert "cancelled" in str(unmatched.exception())
 
 
+def test_close_still_withdraws_an_operation_whose_last_test_raises():
+    """A receive past its deadline at close raises in its last test; it must still be withdrawn,
+    or the transport could write into its buffer after close."""
+    from ringcomm.core.progress import Pending
+    from ringcomm.errors import CommError, CommTimeoutError
+    from ringcomm.work import Work
+    engine = _idle_engine()
+    late = Work("recv p2p#1")
+    cancelled = []
+
+    def test():
+        raise CommTimeoutError("recv p2p#1: timed out")
+    with engine.state:
+        engine.outstanding += 1
+        engine.watch(Pending(test, lambda: cancelled.append(1), late, late.description, _Entry()), wake=False)
+    engine.close(5)
+    assert cancelled == [1]
+    assert isinstance(late.exception(), CommError) and "cancelled" in str(late.exception())
+
+
 def test_an_active_operation_wakes_the_idle_thread_which_completes_it():
     from ringcomm.core.progress import Pending
     from ringcomm.work import Work

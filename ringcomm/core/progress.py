@@ -212,13 +212,16 @@ class Engine:
         """close() with sends or receives nobody matched: withdraw them, their Works raise. One
         last test first: a passive send (``watch``) may have been acknowledged unobserved."""
         for op in self.pending:
-            try:
-                with self.exec:
+            with self.exec:
+                try:
                     finished = op.test()
-                    if not finished:
+                except Exception:
+                    finished = False   # failed, past its deadline, or the transport is gone: withdrawn
+                if not finished:
+                    try:
                         op.cancel()
-            except Exception:
-                finished = False   # the transport is gone already
+                    except Exception:
+                        pass   # the transport is gone already
             if finished:
                 settle(op.entry, op.work, "done")
                 op.work._finish(op.work._result, None)
