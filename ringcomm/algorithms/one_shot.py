@@ -17,8 +17,6 @@ reads outweigh those round trips, which the cost model finds.
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from ..selection.cost import Network
@@ -32,7 +30,7 @@ class OneShot(WindowAlgorithm):
 
     def seconds(self, nbytes, net: Network) -> float:
         window = net.window
-        pieces = math.ceil(nbytes / net.window_bytes)
+        pieces = net.window_rounds(nbytes)
         if net.round is not None:   # compiled: S written, (n-1) S read and reduced as they are read
             return pieces * net.round.alpha + net.size * nbytes * net.round.beta
         return pieces * window.alpha + nbytes * window.beta + (net.size - 1) * nbytes * (window.beta + net.gamma)

@@ -11,8 +11,6 @@ largest part needs).
 """
 from __future__ import annotations
 
-import math
-
 from ..core.schedule import layout
 from ..selection.cost import Network
 from ._rounds import pieces_of, sync
@@ -24,7 +22,7 @@ class OneShotAllGather(WindowAlgorithm):
     collective = "all_gather"
 
     def seconds(self, nbytes, net: Network) -> float:
-        return math.ceil(nbytes / net.size / net.window_bytes) * net.window.alpha + nbytes * net.window.beta
+        return net.window_rounds(nbytes / net.size) * net.window.alpha + nbytes * net.window.beta
 
     def run(self, window, src, dst, shape, reducer, stamp, word, trouble) -> None:
         parts, me = layout(shape), window.rank

@@ -20,8 +20,6 @@ the direct all-to-all makes too, is left out of both, as it decides nothing betw
 """
 from __future__ import annotations
 
-import math
-
 from ..errors import MismatchError
 from ..selection.cost import Network
 from ._direct import exchange_words
@@ -37,7 +35,7 @@ class OneShotAllToAll(WindowAlgorithm):
     def seconds(self, nbytes, net: Network) -> float:
         n = net.size
         sent = nbytes * (n - 1) / n
-        return math.ceil(sent / net.window_bytes) * net.window.alpha + 2 * sent * net.window.beta
+        return net.window_rounds(sent) * net.window.alpha + 2 * sent * net.window.beta
 
     def has_work(self, shape) -> bool:
         return True   # counts differ per rank: a rank with nothing to move still takes part

@@ -14,8 +14,6 @@ and at 1-8 MiB the two are close (docs/performance.md, round seven).
 """
 from __future__ import annotations
 
-import math
-
 from ..selection.cost import Network
 from ._rounds import pieces_of, sync
 from .base import WindowAlgorithm
@@ -27,7 +25,7 @@ class OneShotBroadcast(WindowAlgorithm):
 
     def seconds(self, nbytes, net: Network) -> float:
         first = min(nbytes, net.window_bytes)
-        return math.ceil(nbytes / net.window_bytes) * net.window.alpha + (nbytes + first) * net.window.beta
+        return net.window_rounds(nbytes) * net.window.alpha + (nbytes + first) * net.window.beta
 
     def run(self, window, src, dst, shape, reducer, stamp, word, trouble) -> None:
         x, root = dst, shape.root

@@ -13,8 +13,6 @@ ceil(S (n-1)/n / C) alpha_w + (2n-1)/n S beta_w + (n-1)/n S gamma on the window 
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from ..core.schedule import layout
@@ -30,7 +28,7 @@ class OneShotReduceScatter(WindowAlgorithm):
     def seconds(self, nbytes, net: Network) -> float:
         n = net.size
         sent = nbytes * (n - 1) / n
-        return (math.ceil(sent / net.window_bytes) * net.window.alpha + (sent + nbytes) * net.window.beta
+        return (net.window_rounds(sent) * net.window.alpha + (sent + nbytes) * net.window.beta
                 + sent * net.gamma)
 
     def run(self, window, src, dst, shape, reducer, stamp, word, trouble) -> None:

@@ -57,6 +57,10 @@ class Network:
     def size(self) -> int:
         return sum(self.local_sizes)
 
+    def window_rounds(self, nbytes: float) -> int:
+        """Rounds of the shared window that carry ``nbytes`` per rank, ``window_bytes`` a round."""
+        return math.ceil(nbytes / self.window_bytes)
+
     @property
     def nodes(self) -> int:
         return len(self.local_sizes)
