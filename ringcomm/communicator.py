@@ -10,6 +10,7 @@ Point-to-point calls are posted in issue order and complete on their own (core/p
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import logging
 import threading
@@ -635,9 +636,9 @@ class Communicator:
             inline = scope is None and engine.idle()
             if inline:
                 engine.outstanding += 1
-            what = (f"{call.name} p2p#{seq} {'to' if call.name == 'send' else 'from'} "
-                    f"{'any rank' if call.peer is None else f'rank {call.peer}'} (tag {call.tag}) on rank {self.rank}")
-            work = _Blocking(what) if inline and not async_op else Work(what)
+            # spelled only if read; of the call it keeps no buffer (a finished Work lets go of them)
+            what = functools.partial(_p2p_description, call.name, seq, call.peer, call.tag, self.rank)
+            work = Work(what)
             work._result = call.result
 
             if not inline:   # posted by the progress thread when its turn comes
@@ -687,8 +688,7 @@ class Communicator:
             return
         entry.state = "posted"
         with engine.state:
-            engine.watch(Pending(_with_deadline(test, self.timeout, work.description), cancel, work,
-                                 work.description, entry), wake=not passive())
+            engine.watch(Pending(_with_deadline(test, self.timeout, work), cancel, work, entry), wake=not passive())
 
     def _refuse_if_broken(self, work: Work) -> None:
         if self._broken is not None:
@@ -702,7 +702,7 @@ class Communicator:
             with self.engine.exec:
                 test, _, _ = self._post(call, work)
                 entry.state = "posted"
-                wait_polling(_with_deadline(test, self.timeout, work.description), None)   # raises at the deadline
+                wait_polling(_with_deadline(test, self.timeout, work), None)   # raises at the deadline
         except BaseException as err:
             settle(entry, work, f"failed: {type(err).__name__}")
             if isinstance(err, CommError):
@@ -717,7 +717,7 @@ class Communicator:
         transport, flat = self.transport, (call.inp if call.name == "send" else call.out).flat
         tag = p2p_tag(call.dtype.name, call.tag)
         deadline = deadline_of(self.timeout)
-        watch = _P2PWatch(self, call, work.description, deadline)
+        watch = _P2PWatch(self, call, work, deadline)
         if call.name == "send":
             # Staged until it completes: a send from 4 MiB on (cma.P2P_MIN_BYTES) is read by
             # its receiver straight out of this process (CMA) instead of through the staging
@@ -773,9 +773,13 @@ def not_passive() -> bool:
 class _P2PWatch:
     """Deadline and diagnosis of one point-to-point operation (False while it may still finish)."""
 
-    def __init__(self, comm: Communicator, call: Call, what: str, deadline: Optional[float]):
-        self.comm, self.call, self.what, self.deadline = comm, call, what, deadline
+    def __init__(self, comm: Communicator, call: Call, work: Work, deadline: Optional[float]):
+        self.comm, self.call, self.work, self.deadline = comm, call, work, deadline
         self.next_probe = time.monotonic() + executor.DIAGNOSE_EVERY
+
+    @property
+    def what(self) -> str:
+        return self.work.description
 
     def stalled(self, peer: Optional[int], op) -> bool:
         now = time.monotonic()
@@ -798,7 +802,7 @@ class _P2PWatch:
         return False
 
 
-def _with_deadline(test: Callable[[], bool], timeout: Optional[float], what: str) -> Callable[[], bool]:
+def _with_deadline(test: Callable[[], bool], timeout: Optional[float], work: Work) -> Callable[[], bool]:
     """``test`` that raises CommTimeoutError once ``timeout`` seconds have passed unfinished (the
     reference backends' tests have no deadline of their own)."""
     deadline = deadline_of(timeout)
@@ -807,19 +811,14 @@ def _with_deadline(test: Callable[[], bool], timeout: Optional[float], what: str
         if test():
             return True
         if deadline is not None and time.monotonic() >= deadline:
-            raise CommTimeoutError(f"{what}: timed out after {timeout:g} s")
+            raise CommTimeoutError(f"{work.description}: timed out after {timeout:g} s")
         return False
     return guarded
 
 
-class _Blocking:
-    """What a blocking send or receive run in its caller's thread needs of a Work (its
-    description, the sender of a receive from any rank, the result): nobody waits on it, so it
-    has no Event, which would cost a fifth of a small send."""
-    __slots__ = ("description", "source", "_result", "_drive")
-
-    def __init__(self, description: str):
-        self.description, self.source, self._result, self._drive = description, None, None, None
+def _p2p_description(name: str, seq: int, peer: Optional[int], tag: int, rank: int) -> str:
+    return (f"{name} p2p#{seq} {'to' if name == 'send' else 'from'} "
+            f"{'any rank' if peer is None else f'rank {peer}'} (tag {tag}) on rank {rank}")
 
 
 class _Split:

@@ -87,7 +87,7 @@ def test_a_passive_send_does_not_wake_the_idle_thread_and_completes_when_asked()
     work = Work("send p2p#1 to rank 1 (tag 0) on rank 0")
     with engine.state:
         engine.outstanding += 1
-        engine.watch(Pending(test, lambda: None, work, work.description, _Entry()), wake=False)
+        engine.watch(Pending(test, lambda: None, work, _Entry()), wake=False)
     threading.Event().wait(0.05)
     assert tests == [] and engine.idle_wait, "an idle progress thread was woken for a passive send"
     assert not work.is_completed()
@@ -108,9 +108,8 @@ def test_close_completes_a_passive_send_acknowledged_unobserved_and_cancels_the_
     cancelled = []
     with engine.state:
         engine.outstanding += 2
-        engine.watch(Pending(lambda: True, lambda: None, acked, acked.description, _Entry()), wake=False)
-        engine.watch(Pending(lambda: False, lambda: cancelled.append(2), unmatched, unmatched.description,
-                             _Entry()), wake=False)
+        engine.watch(Pending(lambda: True, lambda: None, acked, _Entry()), wake=False)
+        engine.watch(Pending(lambda: False, lambda: cancelled.append(2), unmatched, _Entry()), wake=False)
     engine.close(5)
     assert acked.wait(0) is None
     assert cancelled == [2] and isinstance(unmatched.exception(), CommError)
@@ -131,7 +130,7 @@ def test_close_still_withdraws_an_operation_whose_last_test_raises():
         raise CommTimeoutError("recv p2p#1: timed out")
     with engine.state:
         engine.outstanding += 1
-        engine.watch(Pending(test, lambda: cancelled.append(1), late, late.description, _Entry()), wake=False)
+        engine.watch(Pending(test, lambda: cancelled.append(1), late, _Entry()), wake=False)
     engine.close(5)
     assert cancelled == [1]
     assert isinstance(late.exception(), CommError) and "cancelled" in str(late.exception())
@@ -144,8 +143,8 @@ def test_an_active_operation_wakes_the_idle_thread_which_completes_it():
     work = Work("recv p2p#1 from rank 1 (tag 0) on rank 0")
     with engine.state:
         engine.outstanding += 1
-        engine.watch(Pending(lambda: True, lambda: None, work, work.description, _Entry()))
-    assert work._done.wait(5), "the progress thread did not complete it"
+        engine.watch(Pending(lambda: True, lambda: None, work, _Entry()))
+    assert work._block(5), "the progress thread did not complete it"
     engine.close(1)
 
 

@@ -36,10 +36,14 @@ class Pending:
     """A posted point-to-point operation: ``test()`` -> True once done (may raise); ``cancel()``
     withdraws it from the transport (a closed communicator must not write into a buffer later);
     ``entry``: its flight-recorder entry, settled here when it completes, fails or is withdrawn."""
-    __slots__ = ("test", "cancel", "work", "what", "entry")
+    __slots__ = ("test", "cancel", "work", "entry")
 
-    def __init__(self, test: Callable[[], bool], cancel: Callable[[], None], work: Work, what: str, entry):
-        self.test, self.cancel, self.work, self.what, self.entry = test, cancel, work, what, entry
+    def __init__(self, test: Callable[[], bool], cancel: Callable[[], None], work: Work, entry):
+        self.test, self.cancel, self.work, self.entry = test, cancel, work, entry
+
+    @property
+    def what(self) -> str:
+        return self.work.description
 
 
 def settle(entry, work: Work, state: str) -> None:
@@ -175,8 +179,8 @@ class Engine:
         """Test ``op`` once from the thread that waits on its Work (``block``) or asks whether it
         is done; True once the Work is finished. False while the progress thread or a job still
         holds ``exec``."""
-        done = op.work._done
-        if done.is_set():
+        work = op.work
+        if work._finished:
             return True
         # Block (without the GIL) rather than spin while another thread holds exec: a spinning
         # waiter keeps the GIL from the thread it waits for for up to the switch interval (5 ms).
@@ -187,7 +191,7 @@ class Engine:
                 self._test(op)
         finally:
             self.exec.release()
-        return done.is_set()
+        return work._finished
 
     def _test(self, op: Pending) -> bool:
         """Test ``op`` (under ``exec``); when it is over, settle it: True."""
