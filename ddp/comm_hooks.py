@@ -115,6 +115,17 @@ def allreduce_hook(state, bucket) -> CommFuture:
     return _all_reduce(_state(state, "allreduce_hook"), bucket.buffer(), "avg")
 
 
+def allreduce_sum_for_avg(state, bucket) -> tuple:
+    """``allreduce_hook`` less its division: (the future of the sum, the n to divide it by). The
+    reducer runs this in its place on float32/float64 host buckets and divides while it copies
+    the gradients back, one pass over them instead of two (24 MiB of gradients, 2 ranks: the
+    division alone took 0.6-3 ms). avg sums those dtypes unscaled and then divides each element
+    by n (ringcomm.core.ops.finish_avg): the same IEEE division of the same bits, so the result
+    is bitwise what ``allreduce_hook`` gives."""
+    st = _state(state, "allreduce_hook")
+    return _all_reduce(st, bucket.buffer(), "sum"), st.comm.size
+
+
 def _compress_hook(state, bucket, dtype: torch.dtype, name: str) -> CommFuture:
     st = _state(state, name)
     buffer = bucket.buffer()

@@ -32,6 +32,8 @@ import torch
 
 from ringcomm.errors import UsageError
 
+from . import comm_hooks
+
 MiB = 1 << 20
 
 
@@ -125,6 +127,8 @@ class _Bucket:
             self.views.append(self.flat[offset:offset + n].view(params[i].shape))
             offset += n
         self.grad_bucket = GradBucket(index, self.flat, [params[i] for i in members], self.views, last)
+        # allreduce_hook's division can ride on the copy back to .grad (comm_hooks.allreduce_sum_for_avg)
+        self.divisible = self.device.type == "cpu" and self.dtype in (torch.float32, torch.float64)
 
 
 class Reducer:
@@ -221,6 +225,7 @@ class Reducer:
             self._ready = [False] * len(self.params)
             self._bucket_ready = [False] * len(self.buckets)
             self._futures: list = [None] * len(self.buckets)
+            self._divisors: list = [None] * len(self.buckets)   # a sum still to divide (allreduce_sum_for_avg)
             self._launch_t = [0.0] * len(self.buckets)
             self._next = 0
             self._unused = self._unreachable(outputs) if self.find_unused else set()
@@ -316,7 +321,10 @@ class Reducer:
         self._launch_t[b] = t
         if self.timeline:
             self.timeline.instant(f"bucket {b} launch", t, bucket=b)
-        fut = self.hook(self.state, bucket.grad_bucket)
+        if self.hook is comm_hooks.allreduce_hook and bucket.divisible:
+            fut, self._divisors[b] = comm_hooks.allreduce_sum_for_avg(self.state, bucket.grad_bucket)
+        else:
+            fut = self.hook(self.state, bucket.grad_bucket)
         if fut is None or not hasattr(fut, "wait"):
             raise UsageError(f"DistributedDataParallel: comm hook {getattr(self.hook, '__name__', self.hook)} "
                              f"returned {type(fut).__name__}, expected a future-like object with wait()")
@@ -364,24 +372,31 @@ class Reducer:
                 f"Pass find_unused_parameters=True if some parameters are legitimately unused in "
                 f"forward, or make the loss depend on them.")
         for b, result in zip(launched, results):
-            self._write_back(self.buckets[b], result)
+            self._write_back(self.buckets[b], result, self._divisors[b])
         self._record(t_wait, t_end)
         self.iteration += 1
 
-    def _write_back(self, bucket: _Bucket, result) -> None:
+    def _write_back(self, bucket: _Bucket, result, divisor: Optional[int] = None) -> None:
+        """The bucket's reduced gradients into ``.grad``; ``divisor``: the bucket holds sums,
+        divided here on the way (in place where ``.grad`` is the bucket's own memory)."""
         if isinstance(result, (list, tuple)):
             result = result[0]
         if isinstance(result, torch.Tensor) and result.data_ptr() != bucket.flat.data_ptr():
             bucket.flat.copy_(result.reshape(-1))
+        if divisor is not None and self.as_view:
+            bucket.flat.div_(divisor)
+            divisor = None
         for pos, i in enumerate(bucket.members):
             p, view = self.params[i], bucket.views[pos]
             if self.as_view:
                 if not _same_storage(p.grad, view):
                     p.grad = view
             elif p.grad is None:
-                p.grad = view.clone()
-            else:
+                p.grad = view.clone() if divisor is None else torch.div(view, divisor)
+            elif divisor is None:
                 p.grad.copy_(view)
+            else:
+                torch.div(view, divisor, out=p.grad)
 
     def _record(self, t_wait: float, t_end: float) -> None:
         spans, busy, prev = [], 0.0, 0.0

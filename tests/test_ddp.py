@@ -218,6 +218,42 @@ def test_gradient_as_bucket_view_shares_storage():
     assert all(run_threads(2, body))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("as_view", [False, True])
+def test_default_hook_divides_on_the_way_back_bitwise_as_avg(dtype, as_view):
+    """The default hook's division, done while the gradients are copied back (the reducer runs
+    allreduce_sum_for_avg), gives the very bits of an all-reduce with op avg: compared with the
+    same hook wrapped so the reducer cannot recognise it, 3 ranks (n = 3 divides inexactly), with
+    .grad set to None between steps and kept."""
+    def averaged(state, bucket):
+        return ddp.allreduce_hook(state, bucket)
+
+    def body(comm):
+        grads = {}
+        for hook in (None, averaged):
+            net = nn.Sequential(nn.Linear(7, 13), nn.Linear(13, 5)).to(dtype)
+            with torch.no_grad():   # the same start for both models (the ranks' threads share torch's RNG)
+                for i, p in enumerate(net.parameters()):
+                    p.copy_(torch.randn(p.shape, dtype=dtype, generator=torch.Generator().manual_seed(i)))
+            model = ddp.DistributedDataParallel(net, comm, first_bucket_mb=1e-5, bucket_cap_mb=1e-3,
+                                                gradient_as_bucket_view=as_view)
+            if hook is not None:
+                model.register_comm_hook(ddp.CommState(comm), hook)
+            seen = []
+            for step in range(3):
+                model.zero_grad(set_to_none=step != 2)
+                x = torch.randn(4, 7, dtype=dtype, generator=torch.Generator().manual_seed(step * 10 + comm.rank))
+                model(x).square().sum().backward()
+                seen += [p.grad.clone() for p in net.parameters()]
+            grads[hook is None] = seen
+            fused = [d is not None for d in model.reducer._divisors]
+            assert fused and all(fused) == (hook is None), fused
+        return grads
+    for grads in run_threads(3, body):
+        for fused, plain in zip(grads[True], grads[False]):
+            assert fused.numpy().tobytes() == plain.numpy().tobytes()
+
+
 def test_torch_future_hook_is_accepted():
     """A hook may return any future-like object, e.g. an already completed torch Future."""
     def local_sum_hook(state, bucket):
