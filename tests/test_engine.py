@@ -2,8 +2,11 @@
 the communicator exactly like a queued one for the thread rule, and ends with no lock taken."""
 import threading
 
+import pytest
+
 from ringcomm.core.progress import Engine
-from ringcomm.errors import UsageError
+from ringcomm.errors import CommTimeoutError, UsageError
+from ringcomm.work import Work
 from thread_util import in_thread
 
 
@@ -152,3 +155,31 @@ class _Entry:
     """A flight-recorder entry's fields that settle() writes."""
     peer = 1
     state = ended = source = None
+
+
+def test_many_threads_waiting_on_one_work_all_wake_when_it_finishes():
+    """A Work makes its Event only when a thread has to sleep on it: threads that start waiting
+    before, during and after the finish all return its result, none sleeps through it."""
+    for trial in range(20):
+        work = Work(lambda: f"trial {trial}")
+        got, start = [], threading.Barrier(9)
+
+        def waiter():
+            start.wait()
+            got.append(work.wait(5))
+        threads = [threading.Thread(target=waiter) for _ in range(8)]
+        for t in threads:
+            t.start()
+        start.wait()
+        work._finish(trial, None)
+        late = work.wait(0)
+        for t in threads:
+            t.join(10)
+        assert got == [trial] * 8 and late == trial
+
+
+def test_a_work_nobody_finishes_times_out_naming_its_lazy_description():
+    work = Work(lambda: "recv p2p#7 from rank 1 (tag 0) on rank 0")
+    with pytest.raises(CommTimeoutError, match=r"recv p2p#7 from rank 1 .*not complete after waiting 0.05 s"):
+        work.wait(0.05)
+    assert not work.is_completed() and work.exception() is None
