@@ -9,6 +9,8 @@ change, only after every rank has posted the round that says its reads are done.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 
 from ..core.buffers import address
@@ -33,10 +35,13 @@ def exchange_words(window, stamp: int, word: int, trouble, words, rounds: int) -
     return [tuple(v.tolist()) for v in window.views(k, ADDRESS, len(words))]
 
 
-def reduce_part(window, reducer, bases: list, own, out, first: int, own_is_out: bool) -> None:
+def reduce_part(window, reducer, bases: list, own, out, first: int, own_is_out: bool,
+                outputs: Optional[list] = None) -> None:
     """out = x0 OP x1 OP ... OP x(n-1) over elements [first, first + out.size) of every rank's
     vector, in rank order: this rank's x is ``own`` (the same memory as ``out`` when
-    ``own_is_out``), every other rank's lies at ``bases[r]`` in its memory."""
+    ``own_is_out``), every other rank's lies at ``bases[r]`` in its memory. ``outputs``: every
+    rank's output vector (addresses); each reduced chunk is also written there at once, while it
+    is still in this rank's cache (window.writer)."""
     n, me, dtype, item = len(bases), window.rank, out.dtype, out.itemsize
     per = max(1, CHUNK_BYTES // item)
     scratch = window.scratch(3 * per * item)
@@ -57,6 +62,10 @@ def reduce_part(window, reducer, bases: list, own, out, first: int, own_is_out: 
         combine(o, part(0, bufs[0]), part(1, bufs[1]))
         for r in range(2, n):
             reduce(o, part(r, bufs[0]))
+        if outputs is not None:
+            for r in range(n):
+                if r != me:
+                    window.writer(r, outputs[r] + (first + lo) * item, o)
 
 
 def reads(nbytes: float, net: Network, parts: int = 1) -> float:

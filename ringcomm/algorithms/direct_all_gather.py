@@ -1,9 +1,17 @@
-"""Direct all-gather: every rank copies every other rank's part straight out of that rank's
-memory into its own output.
+"""Direct all-gather: every rank writes its part straight into every other rank's output.
 
-Round 1 trades the addresses of each rank's part (its input, or its place in its output when in
-place); each rank then reads every other part in place (window.reader); round 2 says every read
-is done. One copy per byte. Cost: 2 alpha_w + (n-1) alpha_d + (n-1)/n S beta_d (S gathered).
+Round 1 trades the addresses of every rank's output; each rank then copies its part (its input,
+or its place in its output when in place) into its own output unless in place, and writes it
+into every peer's output at its place (window.writer); round 2 says every write is done, and only
+then may a rank return. Only rank r writes part r anywhere, so in place is safe. Ranks that
+disagree on the parts (uneven counts) fail round 1's check of the shape word, before any write.
+
+Writing from the part's owner rather than reading from it (the first version) copies the same
+bytes; 2 ranks, two alternating launches each way (`allreduce_perf.py --collective all_gather
+--algorithm direct`): 4 MiB 229-237 us -> 190-192 us, 16 MiB 1.12-1.32 ms -> 0.53-0.61 ms,
+64 MiB 1.01-1.05x MPI_Allgather's time -> 0.91-0.95x. The same change to all_to_all measured no
+better than reading, and is not made there. Cost: 2 alpha_w + (n-1) alpha_d + (n-1)/n S beta_d
+(S gathered; writes priced as reads).
 """
 from __future__ import annotations
 
@@ -27,10 +35,11 @@ class DirectAllGather(WindowAlgorithm):
         parts, me = layout(shape), window.rank
         off, mine = parts[me]
         own = src[off:off + mine] if shape.in_place else src
-        addrs = exchange(window, stamp, word, trouble, (own,), 2)
+        outputs = exchange(window, stamp, word, trouble, (dst,), 2)
         if not shape.in_place and mine:
             dst[off:off + mine] = own
-        for r, (o, c) in enumerate(parts):
-            if r != me and c:
-                window.reader(r, addrs[r][0], dst[o:o + c])
+        if mine:
+            for r in range(len(parts)):
+                if r != me:
+                    window.writer(r, outputs[r][0] + off * dst.itemsize, own)
         sync(window, stamp, word, trouble, 1, 2)
