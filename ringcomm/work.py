@@ -17,8 +17,8 @@ _EVENTS = threading.Lock()
 class Work:
     """The result of ``async_op=True``: ``wait()`` returns the output buffer or raises its error.
     One is made for every send and receive, blocking ones too, so it costs little: no Event unless
-    a thread has to sleep on it, and its description, given as a string or as a function that spells it, is
-    spelled only if read (most calls finish without anyone reading theirs)."""
+    a thread has to sleep on it, and a description given as a function is spelled only if read
+    (most calls finish without anyone reading theirs)."""
 
     __slots__ = ("_what", "_finished", "_event", "_result", "_error", "source", "_drive")
 
