@@ -238,10 +238,10 @@ def test_direct_needs_a_window_that_reads_peers_and_says_so_before_any_communica
 
 
 # The direct all-reduce and all-gather write into their peers' outputs (window.writer); the
-# others read from their peers' buffers (window.reader); the all-reduce does both.
+# others read from their peers' buffers (window.reader); the all-reduce and broadcast do both.
 @pytest.mark.parametrize("collective,access", [("all_reduce", "reader"), ("broadcast", "reader"),
                                                ("reduce_scatter", "reader"), ("all_reduce", "writer"),
-                                               ("all_gather", "writer")])
+                                               ("all_gather", "writer"), ("broadcast", "writer")])
 def test_a_rank_whose_direct_read_or_write_fails_makes_every_rank_raise(collective, access):
     from ringcomm import CommError
 
@@ -260,6 +260,35 @@ def test_a_rank_whose_direct_read_or_write_fails_makes_every_rank_raise(collecti
     for rank in (0, 2):   # told by rank 1's poison and notice, long before the 5 s deadline
         assert isinstance(out[rank], (PeerAbortedError, MismatchError)), out
         assert "injected" in str(out[rank]) or "gave up" in str(out[rank]), out[rank]
+
+
+@pytest.mark.parametrize("size,root", [(2, 0), (2, 1), (3, 1), (5, 4)])
+def test_direct_broadcast_has_every_rank_carry_only_its_own_part(size, root):
+    # The point of the split: rank r moves part r (S/n) and nothing else, so all cores copy at
+    # once. The root writes its part to every non-root; a non-root reads its part from the root
+    # and writes it to every other non-root. Counted through the window's reader and writer.
+    from ringcomm.algorithms._direct import CHUNK_BYTES
+    from ringcomm.core.schedule import chunk
+    count = size * (CHUNK_BYTES // 8) + 3   # parts of more than one chunk, uneven by 3
+
+    def fn(comm):
+        window, moved = comm.transport.window, {"read": [], "write": []}
+        read, write = window.reader, window.writer
+        window.reader = lambda r, addr, dst: (moved["read"].append((r, dst.nbytes)), read(r, addr, dst))
+        window.writer = lambda r, addr, src: (moved["write"].append((r, src.nbytes)), write(r, addr, src))
+        x = np.arange(count, dtype=np.float64) if comm.rank == root else np.zeros(count)
+        comm.broadcast(x, root=root, algorithm="direct")
+        assert x.tobytes() == np.arange(count, dtype=np.float64).tobytes()
+        return moved
+    parts = [chunk(count, size, r)[1] * 8 for r in range(size)]   # the collective's own split
+    for rank, moved in enumerate(run_threads(size, fn)):
+        others = [r for r in range(size) if r not in (rank, root)]
+        assert {r for r, _ in moved["write"]} == set(others), (rank, moved)
+        assert sum(b for _, b in moved["write"]) == parts[rank] * len(others)
+        if rank == root:
+            assert moved["read"] == []
+        else:
+            assert {r for r, _ in moved["read"]} == {root} and sum(b for _, b in moved["read"]) == parts[rank]
 
 
 def test_direct_all_reduce_in_place_on_ranks_past_the_first_two_reduces_its_own_part_in_rank_order():
