@@ -6,6 +6,7 @@ between real ones).
 """
 from __future__ import annotations
 
+import os
 import socket
 from dataclasses import dataclass
 
@@ -58,3 +59,22 @@ def node_name() -> str:
 def discover(mpi_comm) -> Topology:
     """Every rank learns every rank's node (one small allgather at init)."""
     return Topology.from_names(mpi_comm.Get_rank(), mpi_comm.allgather(node_name()))
+
+
+def last_level_cache(cpu: str = "/sys/devices/system/cpu/cpu0/cache") -> int:
+    """Bytes of the largest cache this machine's first CPU reports (its last level: shared by the
+    cores of one socket or chiplet on the machines this runs on), or 0 where the system does not
+    say (not Linux, a container hiding sysfs) or says something unreadable. The cost model prices
+    copies from cache with it."""
+    best = 0
+    try:
+        for index in os.listdir(cpu):
+            if not index.startswith("index"):
+                continue
+            with open(os.path.join(cpu, index, "size")) as f:
+                text = f.read().strip().upper()
+            scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+            best = max(best, int(text.rstrip("KMG") or 0) * scale)
+    except (OSError, ValueError):   # half an answer is no answer
+        return 0
+    return best

@@ -25,7 +25,7 @@ class OneShotBroadcast(WindowAlgorithm):
 
     def seconds(self, nbytes, net: Network) -> float:
         first = min(nbytes, net.window_bytes)
-        return net.window_rounds(nbytes) * net.window.alpha + (nbytes + first) * net.window.beta
+        return net.window_rounds(nbytes) * net.window.alpha + (nbytes + first) * net.window_beta(nbytes)
 
     def run(self, window, src, dst, shape, reducer, stamp, word, trouble) -> None:
         x, root = dst, shape.root

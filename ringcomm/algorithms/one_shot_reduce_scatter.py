@@ -28,7 +28,7 @@ class OneShotReduceScatter(WindowAlgorithm):
     def seconds(self, nbytes, net: Network) -> float:
         n = net.size
         sent = nbytes * (n - 1) / n
-        return (net.window_rounds(sent) * net.window.alpha + (sent + nbytes) * net.window.beta
+        return (net.window_rounds(sent) * net.window.alpha + (sent + nbytes) * net.window_beta(nbytes)
                 + sent * net.gamma)
 
     def run(self, window, src, dst, shape, reducer, stamp, word, trouble) -> None:

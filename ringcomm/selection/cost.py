@@ -52,6 +52,8 @@ class Network:
     round: Optional[Link] = None    # the compiled all-reduce round on that window (core/_round.c), if built;
                                     # it reduces as it reads, so its beta carries the reduction (gamma 0)
     crowding: float = 1.0           # ranks per core on the busiest host (> 1: oversubscribed); see crowded()
+    window_cached: Optional[Link] = None   # the window while the collective's buffers fit the cache
+    cache_bytes: int = 0                   # the node's last-level cache (0: unknown); see window_beta()
 
     @property
     def size(self) -> int:
@@ -60,6 +62,19 @@ class Network:
     def window_rounds(self, nbytes: float) -> int:
         """Rounds of the shared window that carry ``nbytes`` per rank, ``window_bytes`` a round."""
         return math.ceil(nbytes / self.window_bytes)
+
+    def window_beta(self, nbytes: float) -> float:
+        """Seconds per byte a one-shot algorithm copies through the window, for ``nbytes`` per
+        rank. While every rank's vector fits in half the node's last-level cache (the rest holds
+        the window's slots and whatever else the ranks touch), the copies run from cache, several
+        times faster than from memory; a direct read by CMA does not (it pins every page it reads,
+        whatever the cache holds), so without this the model sent in-cache broadcasts and
+        reduce-scatters to the direct algorithms, 1.1-1.8x slower there. all_gather and
+        all_to_all keep the plain price: in the same runs their direct algorithms, which write
+        each part once, tied or beat one_shot in cache (docs/selection.md)."""
+        if self.window_cached is not None and self.size * nbytes <= self.cache_bytes / 2:
+            return self.window_cached.beta
+        return self.window.beta
 
     @property
     def nodes(self) -> int:

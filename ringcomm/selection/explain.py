@@ -59,8 +59,8 @@ def main(argv=None) -> int:
         if args.cores is not None and args.cores < 1:
             raise UsageError(f"--cores must be >= 1, got {args.cores}")
         selector = Selector.from_env()
-        if args.cores is not None and args.intra != "threads":
-            selector.set_host(per_node, args.cores)
+        if args.intra != "threads":   # no --cores: a core per rank; the cache is this machine's
+            selector.set_host(per_node, args.cores or per_node)
         choice = selector.explain(args.collective, nbytes, args.ranks, dtype=args.dtype,
                                   nodes=node_map(args.ranks, per_node), routes=(args.intra, args.inter),
                                   window_bytes=window, direct=window > 0 and not args.no_direct,

@@ -25,6 +25,7 @@ from typing import Optional
 from .. import algorithms, env
 from ..core.ops import DTYPES, ReduceOp, round_code
 from ..errors import UsageError
+from ..topology import last_level_cache
 from .cost import Link, Network, crowded, crowded_reads, crowded_window
 from .tuning import DEFAULT_TUNING, Tuning, load_tuning
 
@@ -177,12 +178,16 @@ class Selector:
         self._memo: dict = {}
         self._routes: dict = {}
         self.ranks_per_core = 1.0   # > 1 when the ranks of this host outnumber its cores (set_host)
+        self.cache_bytes = 0        # the host's last-level cache, 0 unknown (set_host)
 
-    def set_host(self, ranks_here: int, cores: int) -> None:
-        """The ranks of this job on this machine and the cores they share: the model prices
-        oversubscription (cost.crowded) from it. ``ringcomm.init`` calls it; in-process thread
-        ranks (ringcomm.testing) share one interpreter, not cores, and never do."""
+    def set_host(self, ranks_here: int, cores: int, cache_bytes: Optional[int] = None) -> None:
+        """The ranks of this job on this machine, the cores they share and their last-level
+        cache (default: this machine's; 0 unknown): the model prices oversubscription
+        (cost.crowded) and copies from cache (Network.window_beta) from them. ``ringcomm.init``
+        calls it; in-process thread ranks (ringcomm.testing) share one interpreter, not cores,
+        and never do."""
         self.ranks_per_core = max(1.0, ranks_here / max(1, cores))
+        self.cache_bytes = last_level_cache() if cache_bytes is None else max(0, int(cache_bytes))
         self._networks.clear()
         self._memo.clear()
 
@@ -210,11 +215,14 @@ class Selector:
             round_ = None   # crowded like a message link: its copies are all CPU work on a shared core
             if window_bytes and compiled and f"{routes[0]}-round" in self.tuning.links and compiles(dtype):
                 round_ = self.tuning.link(f"{routes[0]}-round", dtype).with_gamma(0.0)
+            cached = f"{routes[0]}-window-cached"
+            cached = self.tuning.link(cached, dtype) if window and cached in self.tuning.links else None
             c = self.ranks_per_core
             net = self._networks[key] = Network(crowded(intra, c), crowded(inter, c), local_sizes(nodes, size),
                                                 window=crowded_window(window, c), window_bytes=window_bytes,
                                                 direct=crowded_reads(reads, c), round=crowded(round_, c),
-                                                crowding=c)
+                                                crowding=c, window_cached=crowded_window(cached, c),
+                                                cache_bytes=self.cache_bytes)
         return net
 
     def explain(self, collective: str, nbytes: int, size: int, *, dtype: str = "float32", nodes=None,
@@ -282,6 +290,9 @@ def describe(choice: Choice) -> str:
         if net.window is not None:
             lines.append(f"  shared window: alpha {net.window.alpha * 1e6:.2f} us per round, "
                          f"{1 / net.window.beta / 1e9:.2f} GB/s, {net.window_bytes >> 10} KiB per rank and round")
+            if net.window_cached is not None:
+                lines.append(f"  shared window from cache (broadcast, reduce_scatter; every rank's vector in half of "
+                             f"{net.cache_bytes >> 20} MiB): {1 / net.window_cached.beta / 1e9:.2f} GB/s")
         else:
             lines.append("  shared window: none (one_shot cannot run)")
         if net.round is not None:

@@ -36,6 +36,12 @@ DEFAULT_LINKS = {
     # the default gamma, one_shot's predicted 1 MiB time is what that sweep measured (309 us).
     "shm-window": (6e-6, 1 / 15.5e9),
     "threads-window": (20e-6, 1 / 4.0e9),
+    # shm-window-cached: the same window while every rank's vector fits in half the last-level
+    # cache (Network.window_beta; broadcast and reduce_scatter price their one_shot copies with
+    # it). Forced one_shot broadcasts of 512 KiB-4 MiB on 2 ranks of this VM (2026-12-02 23:30
+    # UTC, `mpirun -n 2 python -m ringcomm.tune --check`) ran at 10-20 us per MiB beyond their
+    # rounds' alpha (50-100 GB/s); 30 GB/s is kept, for the VM's slower state.
+    "shm-window-cached": (6e-6, 1 / 30e9),
     # shm-round: the compiled one-shot all-reduce round (core/_round.c) on the same window: alpha
     # per round, beta per byte written or read per rank, its reduction included. Fitted to forced
     # one_shot on 2 ranks of this VM (2026-12-01 08:00 UTC, benchmarks/allreduce_perf.py
