@@ -1,4 +1,4 @@
-"""The one compiled piece of ringcomm: the window's all-reduce round (ringcomm/core/_round.c).
+"""The one compiled piece of ringcomm: the window's rounds (ringcomm/core/_round.c).
 
 Everything else is in pyproject.toml. ``optional=True``: where no C compiler is found the
 install still succeeds and ringcomm runs the same round in Python (slower, same results).

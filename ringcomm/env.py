@@ -128,8 +128,9 @@ VARIABLES = {v.name: v for v in (
     Variable("RINGCOMM_SHM_UNSAFE_ORDERING", "a boolean: 1/0, true/false, yes/no, on/off", "0",
              "run the shm transport on a CPU without x86 store ordering (unsupported)", _bool, False),
     Variable("RINGCOMM_COMPILED", "a boolean: 1/0, true/false, yes/no, on/off", "1",
-             "run small window all-reduces through the compiled round where it was built "
-             "(0: the Python round, same results)", _bool, True),
+             "run small window collectives (all-reduce, broadcast, all-gather, all-to-all, "
+             "reduce-scatter) through the compiled rounds where they were built (0: the Python "
+             "rounds, same results)", _bool, True),
     Variable("RINGCOMM_TUNING_FILE", "a path", "~/.cache/ringcomm/tuning.json",
              "the tuning file ringcomm.tune writes and the selector reads", _text),
     Variable("RINGCOMM_TIMELINE", "a path", "(none)",

@@ -30,6 +30,7 @@ from typing import Optional
 
 import numpy as np
 
+from .algorithms._planned import run as planned_round
 from .algorithms.one_shot import OneShot, compiled_round
 from .core.envelope import Envelope, window_stamp
 from .core.executor import WindowGuard
@@ -72,7 +73,7 @@ def guard_of(call):
 class WindowCall:
     """One window collective on fixed buffers, run inline with nothing but its rounds."""
     __slots__ = ("comm", "call", "valid", "inp", "out", "algorithm", "name", "reducer", "shape", "static",
-                 "count", "word", "dname", "code", "finish", "window", "core")
+                 "count", "word", "dname", "code", "finish", "window", "core", "plan")
 
     def __init__(self, comm, call, plan, valid=None):
         self.comm, self.call = comm, call
@@ -89,6 +90,10 @@ class WindowCall:
         if window is not None and window.core is not None and isinstance(plan.window, OneShot) \
                 and plan.reduce.code >= 0 and type(flat) is np.ndarray and flat.nbytes <= window.capacity:
             self.core = window.core
+        # The other one-round window calls the core runs from a plan (algorithms/_planned.py),
+        # asked for once: it depends on nothing a valid call can change.
+        self.plan = None if self.core is not None or window is None else \
+            plan.window.planned(window, self.inp, self.out, plan.shape, plan.reduce, plan.word)
 
     def run(self):
         """The result, or _SLOW when the ordinary road must take the call (something is queued,
@@ -112,6 +117,8 @@ class WindowCall:
             if self.core is not None:
                 compiled_round(self.window, self.core, self.inp, self.out, self.reducer.code, stamp, 0,
                                self._trouble, 0, 1)
+            elif self.plan is not None:
+                planned_round(self.window, self.inp, self.out, *self.plan, stamp, self.word, self._trouble)
             else:
                 self.algorithm.run(self.window, self.inp, self.out, self.shape, self.reducer, stamp,
                                    self.word, self._trouble)

@@ -119,13 +119,17 @@ def test_ranks_in_different_calls_raise_on_every_rank(monkeypatch):
         assert isinstance(err, MismatchError) and "count" in str(err), err
 
 
-def test_an_absent_peer_is_named_within_the_timeout(monkeypatch):
+@pytest.mark.parametrize("collective", ["all_reduce", "broadcast", "reduce_scatter"])
+def test_an_absent_peer_is_named_within_the_timeout(collective, monkeypatch):
     monkeypatch.setenv("RINGCOMM_COMPILED", "1")
     from test_one_shot import outcomes
 
     def fn(comm):
+        x = np.ones(30, np.float32)
         if comm.rank != 1:
-            comm.all_reduce(np.ones(10, np.float32), algorithm="one_shot")
+            {"all_reduce": lambda: comm.all_reduce(x, algorithm="one_shot"),
+             "broadcast": lambda: comm.broadcast(x, algorithm="one_shot"),
+             "reduce_scatter": lambda: comm.reduce_scatter(np.empty(10, np.float32), x, algorithm="one_shot")}[collective]()
     started = time.monotonic()
     out = outcomes(3, fn, timeout=1.0)
     assert time.monotonic() - started < 20
@@ -166,3 +170,155 @@ def test_array_address_is_numpys_for_every_layout(compiled_address, monkeypatch)
     for a in (base, base[7:], base[::-3], base.reshape(6, 10)[:, 2:5], read_only, np.empty(0, np.int8),
               np.frombuffer(bytearray(16), np.uint8)):
         assert compiled.array_address(a) == a.ctypes.data
+
+
+# ---- one round of a plan (algorithms/_planned.py): broadcast, all-gather, all-to-all, reduce-scatter
+
+def planned_bits(size, case, compiled_on, monkeypatch, python_ranks=()):
+    """Every rank's output bytes of one call of ``case`` (collective, dtype, count, variant,
+    op), forced one_shot, with the compiled round on or off (and off on ``python_ranks``)."""
+    collective, name, count, variant, op = case
+    monkeypatch.setenv("RINGCOMM_COMPILED", "1" if compiled_on else "0")
+
+    def fn(comm):
+        window, r = comm.transport.window, comm.rank
+        if r in python_ranks:
+            window.core = None
+        x = inputs(name, r, count * size)
+        with np.errstate(all="ignore"):
+            if collective == "broadcast":
+                y = x[:count].copy()
+                comm.broadcast(y, root=size - 1, algorithm="one_shot")
+                return y.tobytes()
+            if collective == "all_gather":
+                counts = [count + (k % 3) for k in range(size)] if variant == "uneven" else None
+                mine = counts[r] if counts else count
+                out = np.zeros(sum(counts) if counts else count * size, x.dtype)
+                at = sum(counts[:r]) if counts else r * count
+                if variant == "in_place":
+                    out[at:at + mine] = x[:mine]
+                    comm.all_gather(out, out[at:at + mine], algorithm="one_shot")
+                else:
+                    comm.all_gather(out, x[:mine], counts=counts, algorithm="one_shot")
+                return out.tobytes()
+            if collective == "all_to_all":
+                out = np.zeros(count * size, x.dtype)
+                comm.all_to_all(out, x, algorithm="one_shot")
+                return out.tobytes()
+            counts = [count + (k % 3) for k in range(size)] if variant == "uneven" else None
+            total = sum(counts) if counts else count * size
+            x = x[:total].copy() if total <= x.size else np.resize(x, total)
+            at = sum(counts[:r]) if counts else r * count
+            mine = counts[r] if counts else count
+            if variant == "in_place":   # the output is this rank's very part of x
+                comm.reduce_scatter(x[at:at + mine], x, op=op.value, algorithm="one_shot")
+                return x[at:at + mine].tobytes()
+            out = np.zeros(mine, x.dtype)
+            comm.reduce_scatter(out, x, op=op.value, counts=counts, algorithm="one_shot")
+            return out.tobytes()
+    return run_threads(size, fn)
+
+
+PLANNED = [("broadcast", "float32", 257, "", None), ("broadcast", "int8", 1, "", None),
+           ("all_gather", "float64", 100, "", None), ("all_gather", "int16", 33, "uneven", None),
+           ("all_gather", "float32", 50, "in_place", None), ("all_to_all", "float32", 40, "", None),
+           ("all_to_all", "uint8", 3, "", None), ("reduce_scatter", "float32", 101, "", ReduceOp.SUM),
+           ("reduce_scatter", "float64", 7, "uneven", ReduceOp.PROD), ("reduce_scatter", "int32", 64, "", ReduceOp.MAX),
+           ("reduce_scatter", "float32", 90, "in_place", ReduceOp.SUM)]
+
+
+@pytest.mark.parametrize("case", PLANNED, ids=["-".join(str(v) for v in c[:4] if v != "") for c in PLANNED])
+def test_planned_rounds_give_the_python_rounds_bits_on_every_rank(case, monkeypatch):
+    for size in (2, 3, 5):
+        fast = planned_bits(size, case, True, monkeypatch)
+        slow = planned_bits(size, case, False, monkeypatch)
+        mixed = planned_bits(size, case, True, monkeypatch, python_ranks=(1,))
+        assert fast == slow == mixed, f"{size} ranks: compiled, Python and mixed rounds differ"
+        if case[0] in ("broadcast", "all_gather"):
+            assert len(set(fast)) == 1, f"{size} ranks: ranks differ"
+
+
+def test_planned_rounds_take_the_compiled_core(monkeypatch):
+    # The grid above would pass if the planned path were never taken: count the core's rounds.
+    monkeypatch.setenv("RINGCOMM_COMPILED", "1")
+    from ringcomm.algorithms import _planned
+    taken = []
+    run = _planned.run
+    monkeypatch.setattr(_planned, "run", lambda window, *a: (taken.append(window.rank), run(window, *a)))
+    for case in PLANNED:
+        planned_bits(3, case, True, monkeypatch)
+    assert len(taken) == 3 * len(PLANNED)
+
+
+@pytest.mark.parametrize("collective", ["broadcast", "all_gather", "all_to_all", "reduce_scatter"])
+def test_planned_rounds_of_ranks_in_different_calls_raise_on_every_rank(collective, monkeypatch):
+    monkeypatch.setenv("RINGCOMM_COMPILED", "1")
+    from test_one_shot import outcomes
+
+    def fn(comm):
+        n = 12 + 3 * (comm.rank == 1)
+        x, out = np.ones(n * 3, np.float32), np.full(n * 3, -1.0, np.float32)
+        {"broadcast": lambda: comm.broadcast(x, algorithm="one_shot"),
+         "all_gather": lambda: comm.all_gather(out, x[:n], algorithm="one_shot"),
+         "all_to_all": lambda: comm.all_to_all(out, x, algorithm="one_shot"),
+         "reduce_scatter": lambda: comm.reduce_scatter(out[:n], x, algorithm="one_shot")}[collective]()
+    for err in outcomes(3, fn):
+        assert isinstance(err, MismatchError), err
+
+
+def test_the_core_refuses_a_malformed_plan():
+    from ringcomm.algorithms._planned import COPY, pack
+    region = np.zeros(64 + 2 * (64 + 1024), np.uint8)
+    regions = [np.zeros_like(region), np.zeros_like(region)]
+    core = compiled.Core(0, 1024, tuple(r.ctypes.data for r in regions))
+    x, out = np.ones(64, np.uint8), np.zeros(64, np.uint8)
+    sum32 = reducer(ReduceOp.SUM, DTYPES["float32"]).code
+    bad = [(np.zeros(3, np.int64).tobytes(), COPY),                 # counts that do not match its length
+           (b"\0" * 12, COPY),                                       # not whole int64s
+           (pack([(0, 0, 65)], []), COPY),                           # more than the input holds
+           (pack([(0, 1000, 64)], []), COPY),                        # past the slot
+           (pack([], [(2, 0, 0, 8)]), COPY),                         # no rank 2
+           (pack([], [(-2, 0, 0, 8)]), COPY),
+           (pack([], [(1, 0, 60, 8)]), COPY),                        # past the output
+           (pack([], [(-1, 0, 0, 8)]), sum32),                       # a reduction of one operand on 2 ranks
+           (pack([], [(-1, 0, 0, 8), (1, 0, 8, 8)]), sum32),         # operands with different places
+           (pack([], [(-1, 0, 0, 6), (1, 0, 0, 6)]), sum32),         # not whole float32s
+           (pack([], [(-1, 0, 0, 8), (-1, 8, 0, 8)]), sum32),        # this rank's input twice
+           (pack([], []), 99)]                                       # no such reduction
+    for plan, code in bad:
+        with pytest.raises(ValueError):
+            core.round(1, x, out, plan, code, 0, 0, 0.0)
+        with pytest.raises(ValueError):
+            core.finish(1, x, out, plan, code)
+    assert regions[0][:8].tobytes() == bytes(8), "a refused plan posted its round"
+    # A good one: a copy of the input through this rank's slot, read back by a plan of rank 0's.
+    assert core.round(1, x, out, pack([(0, 0, 64)], []), COPY, 7, 0, 0.0) == 2   # rank 1 has not posted
+    core.finish(1, x, out, pack([], [(0, 0, 0, 64)]), COPY)
+    assert (out == 1).all()
+
+
+def test_repeated_calls_take_the_planned_round_from_the_memo(monkeypatch):
+    # The memo's road (persistent.WindowCall) asks for the plan once and runs it straight away.
+    monkeypatch.setenv("RINGCOMM_COMPILED", "1")
+    monkeypatch.setenv("RINGCOMM_ALGO", "broadcast=one_shot,all_gather=one_shot,all_to_all=one_shot,"
+                                        "reduce_scatter=one_shot")
+    from ringcomm import persistent
+    taken = []
+    run = persistent.planned_round
+    monkeypatch.setattr(persistent, "planned_round", lambda window, *a: (taken.append(window.rank), run(window, *a)))
+
+    def fn(comm):
+        x, out, part = np.zeros(8, np.float32), np.zeros(24, np.float32), np.zeros(8, np.float32)
+        blocks = np.zeros(24, np.float32)
+        for step in range(4):
+            x[...] = step + comm.rank
+            comm.broadcast(x, root=2)
+            assert (x == step + 2).all()
+            comm.all_gather(out, x)
+            comm.reduce_scatter(part, out)
+            assert (part == 3 * x[0]).all()
+            blocks[...] = np.repeat(np.arange(3, dtype=np.float32) + 10 * comm.rank + step, 8)
+            comm.all_to_all(out, blocks)
+            assert (out == np.repeat(np.arange(3, dtype=np.float32) * 10 + comm.rank + step, 8)).all()
+    run_threads(3, fn)
+    assert len(taken) == 3 * 4 * 2   # 3 ranks x 4 collectives x the third and fourth calls

@@ -126,7 +126,7 @@ def _calls(comm, x, out_ag, out_rs, out_a2a, root):
 
 WINDOW_ALGOS = {   # the threads transport's model prefers schedules at these sizes: force window ones
     "one_shot": "all_reduce=one_shot,all_gather=one_shot,reduce_scatter=one_shot,broadcast=one_shot,"
-                "all_to_all=direct,gather=direct,scatter=direct",
+                "all_to_all=one_shot,gather=direct,scatter=direct",
     "direct": "all_reduce=direct,all_gather=direct,reduce_scatter=direct,broadcast=direct,"
               "all_to_all=direct,gather=direct,scatter=direct",
 }

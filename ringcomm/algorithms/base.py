@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from typing import Optional
 
 from ..core.schedule import Program, Shape
 from ..selection.cost import Network
@@ -61,6 +62,12 @@ class WindowAlgorithm(ABC):
     def has_work(self, shape: Shape) -> bool:
         """Whether a call of this shape needs a round at all."""
         return shape.count > 0
+
+    def planned(self, window, src, dst, shape: Shape, reducer, word: int) -> Optional[tuple]:
+        """(plan, code) when the compiled core can run this whole call as one round
+        (algorithms/_planned.py), else None (``run``'s arguments). The same for every call of
+        these buffers, shape and word, so a persistent call asks once."""
+        return None
 
     def cost(self, nbytes: int, net: Network) -> float:
         """Predicted seconds; infinite where ``net`` has no window (or, for a direct algorithm, no

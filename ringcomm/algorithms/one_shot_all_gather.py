@@ -11,8 +11,11 @@ largest part needs).
 """
 from __future__ import annotations
 
-from ..core.schedule import layout
+from functools import lru_cache
+
+from ..core.schedule import largest, layout
 from ..selection.cost import Network
+from . import _planned
 from ._rounds import pieces_of, sync
 from .base import WindowAlgorithm
 
@@ -24,13 +27,22 @@ class OneShotAllGather(WindowAlgorithm):
     def seconds(self, nbytes, net: Network) -> float:
         return net.window_rounds(nbytes / net.size) * net.window.alpha + nbytes * net.window.beta
 
+    def planned(self, window, src, dst, shape, reducer, word):
+        if largest(shape) * dst.itemsize <= window.capacity and _planned.usable(window, src, dst):
+            return _plan(shape, window.rank, dst.itemsize), _planned.COPY
+        return None
+
     def run(self, window, src, dst, shape, reducer, stamp, word, trouble) -> None:
-        parts, me = layout(shape), window.rank
+        planned = self.planned(window, src, dst, shape, reducer, word)
+        if planned is not None:
+            _planned.run(window, src, dst, *planned, stamp, word, trouble)
+            return
+        me, per = window.rank, window.capacity // dst.itemsize
+        parts = layout(shape)
         off, mine = parts[me]
         own = src[off:off + mine] if shape.in_place else src
         if not shape.in_place and mine:
             dst[off:off + mine] = own
-        per = window.capacity // dst.itemsize
         pieces = pieces_of(max(n for _, n in parts), per)
         for i in range(pieces):
             lo = i * per
@@ -42,3 +54,15 @@ class OneShotAllGather(WindowAlgorithm):
                 m = min(per, n - lo)
                 if r != me and m > 0:
                     dst[o + lo:o + lo + m] = slots[r][:m]
+
+
+@lru_cache(maxsize=256)
+def _plan(shape, me: int, item: int) -> bytes:
+    """One round, compiled: this rank's part into its slot (and its output, out of place), every
+    other rank's part out of that rank's slot into its place."""
+    parts = layout(shape)
+    off, mine = parts[me]
+    writes = [(off * item if shape.in_place else 0, 0, mine * item)] if mine else []
+    reads = [(-1, 0, off * item, mine * item)] if mine and not shape.in_place else []
+    reads += [(r, 0, o * item, n * item) for r, (o, n) in enumerate(parts) if r != me and n]
+    return _planned.pack(writes, reads)

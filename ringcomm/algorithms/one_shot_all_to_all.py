@@ -20,8 +20,11 @@ the direct all-to-all makes too, is left out of both, as it decides nothing betw
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 from ..errors import MismatchError
 from ..selection.cost import Network
+from . import _planned
 from ._direct import exchange_words
 from ._rounds import piece, pieces_of, sync
 from .base import WindowAlgorithm
@@ -40,12 +43,24 @@ class OneShotAllToAll(WindowAlgorithm):
     def has_work(self, shape) -> bool:
         return True   # counts differ per rank: a rank with nothing to move still takes part
 
+    def planned(self, window, src, dst, shape, reducer, word):
+        # Even calls only (word 0: no splits passed; an uneven call trades its splits in a round
+        # of its own first), whose blocks fit one round: q elements per peer.
+        q = max(1, window.capacity // src.itemsize // max(1, window.size - 1))
+        if word == 0 and shape.counts[0] <= q and _planned.usable(window, src, dst):
+            return _plan(shape, window.rank, src.itemsize, q), _planned.COPY
+        return None
+
     def run(self, window, src, dst, shape, reducer, stamp, word, trouble) -> None:
         n, me = window.size, window.rank
         sends, recvs = shape.counts, shape.recv_counts
-        soff, roff = offsets(sends), offsets(recvs)
         q = max(1, window.capacity // src.itemsize // (n - 1))
         uneven = word != 0   # all_to_all's window word: whether splits were passed
+        planned = self.planned(window, src, dst, shape, reducer, word)
+        if planned is not None:
+            _planned.run(window, src, dst, *planned, stamp, word, trouble)
+            return
+        soff, roff = offsets(sends), offsets(recvs)
         if uneven:
             # The rounds to come depend on every rank's row: a stall here names this rank's own guess.
             guess = 1 + pieces_of(max(max(sends), max(recvs)), q)
@@ -75,3 +90,17 @@ class OneShotAllToAll(WindowAlgorithm):
                 m = min(q, recvs[j] - lo)
                 if j != me and m > 0:
                     dst[roff[j] + lo:roff[j] + lo + m] = views[j][piece(me, j, q, m)]
+
+
+@lru_cache(maxsize=256)
+def _plan(shape, me: int, item: int, q: int) -> bytes:
+    """One round of an even call, compiled: the block for each peer into its place in this rank's
+    slot, this rank's own block straight into its output, and from each peer's slot the block it
+    holds for this rank."""
+    n, blocks = shape.size, shape.counts
+    at = offsets(blocks)
+    mine = blocks[me] * item
+    writes = [(at[j] * item, (j - (j > me)) * q * item, blocks[j] * item) for j in range(n) if j != me and blocks[j]]
+    reads = [(-1, at[me] * item, at[me] * item, mine)] if mine else []
+    reads += [(j, (me - (me > j)) * q * item, at[j] * item, blocks[j] * item) for j in range(n) if j != me and blocks[j]]
+    return _planned.pack(writes, reads)

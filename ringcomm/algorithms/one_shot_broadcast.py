@@ -14,7 +14,10 @@ and at 1-8 MiB the two are close (docs/performance.md, round seven).
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 from ..selection.cost import Network
+from . import _planned
 from ._rounds import pieces_of, sync
 from .base import WindowAlgorithm
 
@@ -27,8 +30,17 @@ class OneShotBroadcast(WindowAlgorithm):
         first = min(nbytes, net.window_bytes)
         return net.window_rounds(nbytes) * net.window.alpha + (nbytes + first) * net.window_beta(nbytes)
 
+    def planned(self, window, src, dst, shape, reducer, word):
+        if dst.nbytes <= window.capacity and _planned.usable(window, dst):
+            return _plan(window.rank, shape.root, dst.nbytes), _planned.COPY
+        return None
+
     def run(self, window, src, dst, shape, reducer, stamp, word, trouble) -> None:
         x, root = dst, shape.root
+        planned = self.planned(window, src, dst, shape, reducer, word)
+        if planned is not None:
+            _planned.run(window, x, x, *planned, stamp, word, trouble)
+            return
         per = window.capacity // x.itemsize
         pieces = pieces_of(x.size, per)
         for i in range(pieces):
@@ -39,3 +51,11 @@ class OneShotBroadcast(WindowAlgorithm):
             else:
                 k = sync(window, stamp, word, trouble, i, pieces)
                 part[...] = window.views(k, x.dtype, part.size)[root]
+
+
+@lru_cache(maxsize=256)
+def _plan(me: int, root: int, nbytes: int) -> bytes:
+    """One round, compiled: the root writes its vector into its slot, the others copy it out."""
+    if me == root:
+        return _planned.pack([(0, 0, nbytes)], [])
+    return _planned.pack([], [(root, 0, 0, nbytes)])

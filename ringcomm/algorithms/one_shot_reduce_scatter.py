@@ -13,10 +13,13 @@ ceil(S (n-1)/n / C) alpha_w + (2n-1)/n S beta_w + (n-1)/n S gamma on the window 
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
-from ..core.schedule import layout
+from ..core.schedule import largest, layout
 from ..selection.cost import Network
+from . import _planned
 from ._rounds import piece, pieces_of, sync
 from .base import WindowAlgorithm
 
@@ -31,9 +34,20 @@ class OneShotReduceScatter(WindowAlgorithm):
         return (net.window_rounds(sent) * net.window.alpha + (sent + nbytes) * net.window_beta(nbytes)
                 + sent * net.gamma)
 
+    def planned(self, window, src, dst, shape, reducer, word):
+        q = max(1, window.capacity // src.itemsize // max(1, window.size - 1))
+        if largest(shape) <= q and reducer.code >= 0 and _planned.usable(window, src, dst):
+            return _plan(shape, window.rank, src.itemsize, q), reducer.code
+        return None
+
     def run(self, window, src, dst, shape, reducer, stamp, word, trouble) -> None:
-        parts, me, n = layout(shape), window.rank, window.size
+        planned = self.planned(window, src, dst, shape, reducer, word)
+        if planned is not None:
+            _planned.run(window, src, dst, *planned, stamp, word, trouble)
+            return
+        me, n = window.rank, window.size
         q = max(1, window.capacity // src.itemsize // max(1, n - 1))
+        parts = layout(shape)
         pieces = pieces_of(max(c for _, c in parts), q)
         reduce, combine = reducer.reduce, reducer.combine
         own, mine = parts[me]
@@ -60,3 +74,16 @@ class OneShotReduceScatter(WindowAlgorithm):
             combine(out, operands[0], operands[1])   # rank order: x0 OP x1 OP x2 ...
             for r in range(2, n):
                 reduce(out, operands[r])
+
+
+@lru_cache(maxsize=256)
+def _plan(shape, me: int, item: int, q: int) -> bytes:
+    """One round, compiled: every other rank's part of this rank's input into its place in the
+    slot; then this rank's part reduced in rank order out of every peer's slot and its own input
+    (read from a copy where the output is that very part: _planned)."""
+    parts, n = layout(shape), shape.size
+    own, mine = parts[me]
+    writes = [(o * item, (r - (r > me)) * q * item, c * item) for r, (o, c) in enumerate(parts) if r != me and c]
+    reads = [(-1, own * item, 0, mine * item) if w == me else (w, (me - (me > w)) * q * item, 0, mine * item)
+             for w in range(n)] if mine else []
+    return _planned.pack(writes, reads)

@@ -1,4 +1,6 @@
-/* The one-shot all-reduce round of a shared window, compiled.
+/* The one-shot rounds of a shared window, compiled: the all-reduce round, and one round of the
+ * copy collectives (broadcast, all-gather, all-to-all) and of the reduce-scatter, which follow a
+ * plan of byte ranges their Python algorithm builds once per shape.
  *
  * A 1 KiB all-reduce through the window is one flag store, n - 1 flag loads and a few hundred
  * bytes of arithmetic, about a microsecond of work; in Python it took 5-7 us of interpreter time
@@ -209,6 +211,29 @@ static int get_buffers(PyObject *const *args, Py_buffer *in, Py_buffer *out, Py_
     return 0;
 }
 
+/* Post round k (this rank's slot filled already): stamp, word, then the flag with release
+ * semantics; poll the peers' flags for up to ``spin`` seconds. 0: every peer posted round k with
+ * this stamp and word; r + 1: peer r has not posted yet; -(r + 1): peer r posted another stamp
+ * or word. Called without the GIL. */
+static int post_and_wait(const Core *c, int64_t k, int64_t stamp, int64_t word, double spin) {
+    int64_t *mine = slot_header(c, c->rank, k);
+    mine[0] = stamp;
+    mine[1] = word;
+    __atomic_store_n(flag_of(c, c->rank), k, __ATOMIC_RELEASE);
+    int late = lagging(c, k);
+    if (late >= 0 && spin > 0) {
+        double until = now() + spin;
+        for (unsigned i = 1; late >= 0; i++) {
+            RELAX();
+            late = lagging(c, k);
+            if (late >= 0 && (i & 63) == 0 && now() >= until) break;
+        }
+    }
+    if (late >= 0) return late + 1;
+    int odd = odd_stamp(c, k, stamp, word);
+    return odd >= 0 ? -(odd + 1) : 0;
+}
+
 /* all_reduce(k, src, dst, code, stamp, word, spin) -> status
  * Posts round k (src copied into this rank's slot, then stamp, word and the flag), polls the
  * peers' flags for up to ``spin`` seconds with the GIL released, and, if all posted with the same
@@ -232,31 +257,9 @@ static PyObject *core_all_reduce(Core *self, PyObject *const *args, Py_ssize_t n
     Py_ssize_t count = in.len / ITEMSIZE[code % N_TYPES];
     int status;
     Py_BEGIN_ALLOW_THREADS
-    int64_t *mine = slot_header(self, self->rank, k);
     memcpy(payload(self, self->rank, k), in.buf, in.len);
-    mine[0] = stamp;
-    mine[1] = word;
-    __atomic_store_n(flag_of(self, self->rank), k, __ATOMIC_RELEASE);
-    int late = lagging(self, k);
-    if (late >= 0 && spin > 0) {
-        double until = now() + spin;
-        for (unsigned i = 1; late >= 0; i++) {
-            RELAX();
-            late = lagging(self, k);
-            if (late >= 0 && (i & 63) == 0 && now() >= until) break;
-        }
-    }
-    if (late >= 0) {
-        status = late + 1;
-    } else {
-        int odd = odd_stamp(self, k, stamp, word);
-        if (odd >= 0) {
-            status = -(odd + 1);
-        } else {
-            reduce_slots((int)code, out.buf, slots_of(self, k), self->size, count);
-            status = 0;
-        }
-    }
+    status = post_and_wait(self, k, stamp, word, spin);
+    if (status == 0) reduce_slots((int)code, out.buf, slots_of(self, k), self->size, count);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&in);
     PyBuffer_Release(&out);
@@ -288,11 +291,173 @@ static PyObject *core_reduce(Core *self, PyObject *const *args, Py_ssize_t nargs
     Py_RETURN_NONE;
 }
 
+/* ---- one round of a plan ---------------------------------------------------------------------
+ * A plan is int64s: nw, nr, then nw writes (from, to, len): bytes of src copied into this rank's
+ * slot before the round is posted; then nr reads (peer, from, to, len): bytes of peer's slot
+ * (peer -1: of src) copied to dst + to once every rank has posted. With a reduction code >= 0
+ * the reads are instead the operands of one reduction in rank order, all of the same length and
+ * destination: dst + to = op0 OP op1 OP ..., as reduce_slots does it. */
+typedef struct {
+    const int64_t *w, *r;
+    Py_ssize_t nw, nr;
+} Plan;
+
+static int plan_of(const Core *c, const Py_buffer *plan, Py_ssize_t src_len, Py_ssize_t dst_len, long code,
+                   Plan *p) {
+    const int64_t *v = plan->buf;
+    Py_ssize_t words = plan->len / 8;
+    if (plan->len % 8 || words < 2 || v[0] < 0 || v[1] < 0 || words != 2 + 3 * v[0] + 4 * v[1]) goto bad;
+    p->nw = v[0];
+    p->nr = v[1];
+    p->w = v + 2;
+    p->r = v + 2 + 3 * v[0];
+    for (Py_ssize_t i = 0; i < p->nw; i++) {
+        const int64_t *e = p->w + 3 * i;
+        if (e[0] < 0 || e[1] < 0 || e[2] < 0 || e[0] + e[2] > src_len || e[1] + e[2] > c->capacity) goto bad;
+    }
+    if (code >= 0 && p->nr != 0 && p->nr != c->size) goto bad;
+    int own = 0;   /* a reduction reads this rank's input once at most: only that one may overlap dst */
+    for (Py_ssize_t i = 0; i < p->nr; i++) {
+        const int64_t *e = p->r + 4 * i;
+        if (code >= 0 && e[0] < 0 && own++) goto bad;
+        if (e[0] < -1 || e[0] >= c->size || e[1] < 0 || e[2] < 0 || e[3] < 0 || e[2] + e[3] > dst_len
+            || e[1] + e[3] > (e[0] < 0 ? src_len : c->capacity))
+            goto bad;
+        if (code >= 0 && (e[2] != p->r[2] || e[3] != p->r[3] || e[3] > c->capacity
+                          || e[3] % ITEMSIZE[code % N_TYPES]))
+            goto bad;
+    }
+    return 0;
+bad:
+    PyErr_SetString(PyExc_ValueError, "window round: a malformed plan");
+    return -1;
+}
+
+static void plan_writes(const Core *c, int64_t k, const Plan *p, const char *src) {
+    char *slot = payload(c, c->rank, k);
+    for (Py_ssize_t i = 0; i < p->nw; i++) {
+        const int64_t *e = p->w + 3 * i;
+        memcpy(slot + e[1], src + e[0], e[2]);
+    }
+}
+
+/* The reads of round k (every peer has posted it). A reduction operand that overlaps its
+ * destination (an in-place reduce-scatter's own part) is read from a copy, so the rank-order
+ * passes never write what they have yet to read. -1 only when that copy cannot be made. Called
+ * without the GIL. */
+static int plan_reads(const Core *c, int64_t k, const Plan *p, const char *src, char *dst, long code) {
+    if (code < 0) {
+        for (Py_ssize_t i = 0; i < p->nr; i++) {
+            const int64_t *e = p->r + 4 * i;
+            const char *from = e[0] < 0 ? src + e[1] : payload(c, (int)e[0], k) + e[1];
+            memmove(dst + e[2], from, e[3]);
+        }
+        return 0;
+    }
+    if (p->nr == 0) return 0;
+    Py_ssize_t len = p->r[3];
+    char *out = dst + p->r[2], *spare = NULL;
+    for (Py_ssize_t i = 0; i < p->nr; i++) {
+        const int64_t *e = p->r + 4 * i;
+        const char *from = e[0] < 0 ? src + e[1] : payload(c, (int)e[0], k) + e[1];
+        if (from < out + len && out < from + len) {
+            if ((spare = PyMem_RawMalloc(len ? len : 1)) == NULL) return -1;
+            memcpy(spare, from, len);
+            from = spare;
+        }
+        c->slots[i] = (char *)from;
+    }
+    reduce_slots((int)code, out, c->slots, (int)p->nr, len / ITEMSIZE[code % N_TYPES]);
+    PyMem_RawFree(spare);
+    return 0;
+}
+
+/* The arguments round() and finish() share: k, src, dst, plan, code. */
+typedef struct {
+    int64_t k;
+    long code;
+    Py_buffer src, dst, plan;
+    Plan p;
+} RoundCall;
+
+static int round_open(Core *self, PyObject *const *args, RoundCall *rc) {
+    rc->k = PyLong_AsLongLong(args[0]);
+    rc->code = PyLong_AsLong(args[4]);
+    if (PyErr_Occurred()) return -1;
+    if (rc->code >= 0 && !valid_code(rc->code)) {
+        PyErr_Format(PyExc_ValueError, "window round: reduction code %ld", rc->code);
+        return -1;
+    }
+    if (PyObject_GetBuffer(args[1], &rc->src, PyBUF_C_CONTIGUOUS) < 0) return -1;
+    if (PyObject_GetBuffer(args[2], &rc->dst, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) goto no_dst;
+    if (PyObject_GetBuffer(args[3], &rc->plan, PyBUF_C_CONTIGUOUS) < 0) goto no_plan;
+    if (plan_of(self, &rc->plan, rc->src.len, rc->dst.len, rc->code, &rc->p) == 0) return 0;
+    PyBuffer_Release(&rc->plan);
+no_plan:
+    PyBuffer_Release(&rc->dst);
+no_dst:
+    PyBuffer_Release(&rc->src);
+    return -1;
+}
+
+static void round_close(RoundCall *rc) {
+    PyBuffer_Release(&rc->src);
+    PyBuffer_Release(&rc->dst);
+    PyBuffer_Release(&rc->plan);
+}
+
+/* round(k, src, dst, plan, code, stamp, word, spin) -> status, as all_reduce's: 0 done (the
+ * plan's writes posted and its reads made); r + 1 peer r has not posted yet (the round is posted:
+ * the caller waits, checks and calls finish(k, src, dst, plan, code)); -(r + 1) peer r posted
+ * another stamp or word (nothing read). */
+static PyObject *core_round(Core *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (!ready(self)) return NULL;
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "round(k, src, dst, plan, code, stamp, word, spin)");
+        return NULL;
+    }
+    int64_t stamp = PyLong_AsLongLong(args[5]), word = PyLong_AsLongLong(args[6]);
+    double spin = PyFloat_AsDouble(args[7]);
+    RoundCall rc;
+    if (PyErr_Occurred() || round_open(self, args, &rc) < 0) return NULL;
+    int status, failed = 0;
+    Py_BEGIN_ALLOW_THREADS
+    plan_writes(self, rc.k, &rc.p, rc.src.buf);
+    status = post_and_wait(self, rc.k, stamp, word, spin);
+    if (status == 0) failed = plan_reads(self, rc.k, &rc.p, rc.src.buf, rc.dst.buf, rc.code);
+    Py_END_ALLOW_THREADS
+    round_close(&rc);
+    return failed ? PyErr_NoMemory() : PyLong_FromLong(status);
+}
+
+/* finish(k, src, dst, plan, code): the reads of round k, which every peer has posted (the caller
+ * checked their stamps). */
+static PyObject *core_finish(Core *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (!ready(self)) return NULL;
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "finish(k, src, dst, plan, code)");
+        return NULL;
+    }
+    RoundCall rc;
+    if (round_open(self, args, &rc) < 0) return NULL;
+    int failed;
+    Py_BEGIN_ALLOW_THREADS
+    failed = plan_reads(self, rc.k, &rc.p, rc.src.buf, rc.dst.buf, rc.code);
+    Py_END_ALLOW_THREADS
+    round_close(&rc);
+    if (failed) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef core_methods[] = {
     {"all_reduce", (PyCFunction)(void (*)(void))core_all_reduce, METH_FASTCALL,
      "all_reduce(k, src, dst, code, stamp, word, spin) -> 0 done, r+1 peer r late, -(r+1) peer r differs"},
     {"reduce", (PyCFunction)(void (*)(void))core_reduce, METH_FASTCALL,
      "reduce(k, dst, code): dst = the reduction of round k's slots, in rank order"},
+    {"round", (PyCFunction)(void (*)(void))core_round, METH_FASTCALL,
+     "round(k, src, dst, plan, code, stamp, word, spin) -> 0 done, r+1 peer r late, -(r+1) peer r differs"},
+    {"finish", (PyCFunction)(void (*)(void))core_finish, METH_FASTCALL,
+     "finish(k, src, dst, plan, code): the plan's reads of round k"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -301,7 +466,7 @@ static PyTypeObject CoreType = {
     .tp_name = "ringcomm.core._round.Core",
     .tp_basicsize = sizeof(Core),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Core(rank, capacity, addresses): the compiled all-reduce round of one window",
+    .tp_doc = "Core(rank, capacity, addresses): the compiled rounds of one window",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)core_init,
     .tp_dealloc = (destructor)core_dealloc,
@@ -324,7 +489,7 @@ static PyMethodDef module_methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_round", "The compiled one-shot all-reduce round (see _round.c).", -1, module_methods,
+    PyModuleDef_HEAD_INIT, "_round", "The compiled one-shot window rounds (see _round.c).", -1, module_methods,
 };
 
 PyMODINIT_FUNC PyInit__round(void) {

@@ -1,8 +1,8 @@
-"""The compiled window round (core/_round.c), where the install built it and RINGCOMM_COMPILED allows.
+"""The compiled window rounds (core/_round.c), where the install built them and RINGCOMM_COMPILED allows.
 
 ``pip install`` builds the extension when a C compiler is there (setup.py, ``optional=True``);
-without one the install still succeeds and ``available()`` is False: every window all-reduce then
-runs the Python round, with the same results, slower by a few microseconds per call.
+without one the install still succeeds and ``available()`` is False: every window collective then
+runs its Python rounds, with the same results, slower by a few microseconds per call.
 """
 from __future__ import annotations
 

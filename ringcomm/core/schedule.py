@@ -113,6 +113,11 @@ def layout(shape: Shape) -> list:
     return offs
 
 
+def largest(shape: Shape) -> int:
+    """The longest part of ``layout(shape)``, without building it."""
+    return max(shape.counts) if shape.counts else -(-shape.count // shape.size)
+
+
 def segments(off: int, count: int, seg: int) -> list[tuple[int, int]]:
     """Split [off, off+count) into pieces of at most ``seg`` elements (none if count is 0)."""
     return [(o, min(seg, off + count - o)) for o in range(off, off + count, max(seg, 1))]

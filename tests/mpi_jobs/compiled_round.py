@@ -1,5 +1,5 @@
-"""Ranks in separate processes, some running the compiled window round and some the Python
-round (RINGCOMM_COMPILED set per rank by an MPMD launch): every result must be the same bits on
+"""Ranks in separate processes, some running the compiled window rounds and some the Python
+rounds (RINGCOMM_COMPILED set per rank by an MPMD launch): every result must be the same bits on
 every rank and equal the rank-order fold computed here with numpy.
 
     mpirun -n 1 -env RINGCOMM_COMPILED 0 python compiled_round.py : -n 2 python compiled_round.py
@@ -54,6 +54,36 @@ for op in ringcomm.ReduceOp:
             assert len(set(crcs)) == 1, f"{op.value} {name} x {count}: ranks differ {crcs}"
             assert x.tobytes() == expected.tobytes(), f"{op.value} {name} x {count}: not the rank-order fold"
             checks += 1
+
+# The rounds the core runs from a plan (algorithms/_planned.py): broadcast, all-gather, all-to-all,
+# reduce-scatter, one round each, against what numpy says every rank must hold.
+for name in ("float32", "float64", "int8", "int64"):
+    storage = DTYPES[name].storage
+    for count in (1, 255, 4097):
+        def block(r, salt=0):
+            return (np.arange(count * size) * (r + 3) + 7 * salt).astype(storage)
+        for root in range(size):
+            x = block(rank) if rank == root else np.zeros(count, storage)
+            x = x[:count].copy()
+            comm.broadcast(x, root=root, algorithm="one_shot")
+            assert x.tobytes() == block(root)[:count].tobytes(), f"broadcast {name} x {count} from {root}"
+        out = np.zeros(count * size, storage)
+        comm.all_gather(out, block(rank)[:count], algorithm="one_shot")
+        assert out.tobytes() == np.concatenate([block(r)[:count] for r in range(size)]).tobytes(), \
+            f"all_gather {name} x {count}"
+        comm.all_to_all(out, block(rank, 1), algorithm="one_shot")
+        mine = np.concatenate([block(r, 1)[rank * count:(rank + 1) * count] for r in range(size)])
+        assert out.tobytes() == mine.tobytes(), f"all_to_all {name} x {count}"
+        for op, ufunc in (("sum", np.add), ("max", np.maximum)):
+            part = np.zeros(count, storage)
+            with np.errstate(all="ignore"):
+                comm.reduce_scatter(part, block(rank, 2), op=op, algorithm="one_shot")
+                expected = block(0, 2)
+                for r in range(1, size):
+                    expected = ufunc(expected, block(r, 2))
+            assert part.tobytes() == expected[rank * count:(rank + 1) * count].tobytes(), \
+                f"reduce_scatter {op} {name} x {count}"
+        checks += 1 + size + 3
 print(f"rank {rank} ok {checks} compiled={window.core is not None}", flush=True)
 comm.close()
 sys.exit(0)
