@@ -129,7 +129,7 @@ VARIABLES = {v.name: v for v in (
              "run the shm transport on a CPU without x86 store ordering (unsupported)", _bool, False),
     Variable("RINGCOMM_COMPILED", "a boolean: 1/0, true/false, yes/no, on/off", "1",
              "run small window collectives (all-reduce, broadcast, all-gather, all-to-all, "
-             "reduce-scatter) through the compiled rounds where they were built (0: the Python "
+             "reduce-scatter, gather, scatter) through the compiled rounds where they were built (0: the Python "
              "rounds, same results)", _bool, True),
     Variable("RINGCOMM_TUNING_FILE", "a path", "~/.cache/ringcomm/tuning.json",
              "the tuning file ringcomm.tune writes and the selector reads", _text),

@@ -205,6 +205,15 @@ def planned_bits(size, case, compiled_on, monkeypatch, python_ranks=()):
                 out = np.zeros(count * size, x.dtype)
                 comm.all_to_all(out, x, algorithm="one_shot")
                 return out.tobytes()
+            root = size // 2
+            if collective == "gather":
+                out = np.zeros(count * size, x.dtype) if r == root else None
+                comm.gather(out, x[:count], root=root, algorithm="one_shot")
+                return None if out is None else out.tobytes()
+            if collective == "scatter":
+                out = np.zeros(count, x.dtype)
+                comm.scatter(out, x if r == root else None, root=root, algorithm="one_shot")
+                return out.tobytes()
             counts = [count + (k % 3) for k in range(size)] if variant == "uneven" else None
             total = sum(counts) if counts else count * size
             x = x[:total].copy() if total <= x.size else np.resize(x, total)
@@ -222,7 +231,9 @@ def planned_bits(size, case, compiled_on, monkeypatch, python_ranks=()):
 PLANNED = [("broadcast", "float32", 257, "", None), ("broadcast", "int8", 1, "", None),
            ("all_gather", "float64", 100, "", None), ("all_gather", "int16", 33, "uneven", None),
            ("all_gather", "float32", 50, "in_place", None), ("all_to_all", "float32", 40, "", None),
-           ("all_to_all", "uint8", 3, "", None), ("reduce_scatter", "float32", 101, "", ReduceOp.SUM),
+           ("all_to_all", "uint8", 3, "", None), ("gather", "float64", 65, "", None), ("gather", "int8", 1, "", None),
+           ("scatter", "float32", 129, "", None), ("scatter", "int16", 2, "", None),
+           ("reduce_scatter", "float32", 101, "", ReduceOp.SUM),
            ("reduce_scatter", "float64", 7, "uneven", ReduceOp.PROD), ("reduce_scatter", "int32", 64, "", ReduceOp.MAX),
            ("reduce_scatter", "float32", 90, "in_place", ReduceOp.SUM)]
 

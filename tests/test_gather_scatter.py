@@ -50,3 +50,29 @@ def test_scatter(algorithm, size):
         expected = collectives.get("scatter").reference(per_rank, root=root)
         for r in range(size):
             assert raw_bytes(outs[r]) == raw_bytes(make(c, expected[r])), f"{algorithm} n={size} rank {r} {c}"
+
+
+@pytest.mark.parametrize("compiled_on", ["1", "0"])
+def test_one_shot_gather_and_scatter_of_blocks_larger_than_a_round(compiled_on, monkeypatch):
+    # The grid's counts fit one round of the job's window; these take several (and the last
+    # piece shorter), on the compiled core's side of a call or the Python round's alike.
+    import numpy as np
+    from ringcomm.testing import run_threads
+    from ringcomm.transport.window import JOB_CAPACITY
+    monkeypatch.setenv("RINGCOMM_COMPILED", compiled_on)
+    size, count = 3, 3 * JOB_CAPACITY // 8 + 5
+
+    def fn(comm):
+        root = 1
+        x = np.arange(count, dtype=np.float64) + 1e6 * comm.rank
+        out = np.zeros(count * size) if comm.rank == root else None
+        comm.gather(out, x, root=root, algorithm="one_shot")
+        whole = np.arange(count * size, dtype=np.float64) * 3 if comm.rank == root else None
+        mine = np.zeros(count)
+        comm.scatter(mine, whole, root=root, algorithm="one_shot")
+        return out, mine
+    for rank, (out, mine) in enumerate(run_threads(size, fn)):
+        if rank == 1:
+            expected = np.concatenate([np.arange(count, dtype=np.float64) + 1e6 * r for r in range(size)])
+            assert out.tobytes() == expected.tobytes()
+        assert mine.tobytes() == (np.arange(count * rank, count * (rank + 1), dtype=np.float64) * 3).tobytes()

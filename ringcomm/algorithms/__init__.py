@@ -34,7 +34,9 @@ from .one_shot_all_gather import OneShotAllGather
 from .one_shot_all_to_all import OneShotAllToAll
 from .one_shot_barrier import OneShotBarrier
 from .one_shot_broadcast import OneShotBroadcast
+from .one_shot_gather import OneShotGather
 from .one_shot_reduce_scatter import OneShotReduceScatter
+from .one_shot_scatter import OneShotScatter
 from .pairwise_all_to_all import PairwiseAllToAll
 from .pipeline_broadcast import PipelineBroadcast
 from .rabenseifner import Rabenseifner
@@ -49,7 +51,8 @@ _ALL = (RingAllReduce, TreeAllReduce, RecursiveDoubling, Rabenseifner, Hierarchi
         RingAllGather, RingReduceScatter, DisseminationBarrier, PairwiseAllToAll, BruckAllToAll,
         LinearGather, BinomialGather, LinearScatter, BinomialScatter, OneShotBroadcast, OneShotAllGather,
         OneShotReduceScatter, OneShotBarrier, DirectAllReduce, DirectBroadcast, DirectAllGather,
-        DirectReduceScatter, DirectGather, DirectScatter, DirectAllToAll, OneShotAllToAll)
+        DirectReduceScatter, DirectGather, DirectScatter, DirectAllToAll, OneShotAllToAll, OneShotGather,
+        OneShotScatter)
 
 _REGISTRY: dict[str, dict[str, Algorithm]] = {c: {} for c in COLLECTIVES}
 

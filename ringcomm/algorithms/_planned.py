@@ -1,6 +1,6 @@
 """One window round run by the compiled core (core/_round.c) from a plan of byte ranges.
 
-The one-shot broadcast, all-gather, all-to-all and reduce-scatter spend a 1 KiB call mostly in
+The one-shot broadcast, all-gather, all-to-all, reduce-scatter, gather and scatter spend a 1 KiB call mostly in
 Python: slot views, the publish, the wait, a copy or a ufunc per peer (1.6-5.2 us of a 3.4-7.5 us
 call on 2 ranks here). When the call fits one round, each builds a plan once per shape (which
 bytes of its input go where in its slot; which bytes of which slot, or of its own input, go where
@@ -16,11 +16,13 @@ import numpy as np
 from ._rounds import settle
 
 COPY = -1   # the plan's reads are copies, not a reduction
+NOWHERE = np.empty(0, np.uint8)   # the buffer of a rank that has none (gather's out, scatter's x off the root)
 
 
 def usable(window, *arrays) -> bool:
-    """Whether the compiled round can run this call: built, enabled, and host numpy arrays."""
-    return window.core is not None and all(type(a) is np.ndarray for a in arrays)
+    """Whether the compiled round can run this call: built, enabled, and host numpy arrays (or
+    None where this rank has no such buffer)."""
+    return window.core is not None and all(a is None or type(a) is np.ndarray for a in arrays)
 
 
 def pack(writes: list, reads: list) -> bytes:
@@ -37,6 +39,8 @@ def pack(writes: list, reads: list) -> bytes:
 def run(window, src, dst, plan: bytes, code: int, stamp: int, word: int, trouble) -> None:
     """Post this rank's round of ``plan`` and make its reads once every rank has posted it."""
     core, k = window.core, window.round + 1
+    src = NOWHERE if src is None else src
+    dst = NOWHERE if dst is None else dst
     late = core.round(k, src, dst, plan, code, stamp, word, window.spin)
     window.round = k
     if late:

@@ -16,6 +16,7 @@ from typing import Optional
 
 from ..core.schedule import Program, Shape
 from ..selection.cost import Network
+from . import _planned
 
 
 class ScheduleAlgorithm(ABC):
@@ -88,3 +89,19 @@ class WindowAlgorithm(ABC):
 
 
 Algorithm = ScheduleAlgorithm | WindowAlgorithm
+
+
+class PlannedAlgorithm(WindowAlgorithm):
+    """A window algorithm whose call, when it fits one round, the compiled core runs from a plan
+    (``planned``, algorithms/_planned.py); ``rounds`` is its Python road, for any size."""
+
+    def run(self, window, src, dst, shape: Shape, reducer, stamp: int, word: int, trouble) -> None:
+        planned = self.planned(window, src, dst, shape, reducer, word)
+        if planned is not None:
+            _planned.run(window, src, dst, *planned, stamp, word, trouble)
+        else:
+            self.rounds(window, src, dst, shape, reducer, stamp, word, trouble)
+
+    @abstractmethod
+    def rounds(self, window, src, dst, shape: Shape, reducer, stamp: int, word: int, trouble) -> None:
+        """The call in Python rounds (``run``'s arguments)."""

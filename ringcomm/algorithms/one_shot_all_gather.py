@@ -17,10 +17,10 @@ from ..core.schedule import largest, layout
 from ..selection.cost import Network
 from . import _planned
 from ._rounds import pieces_of, sync
-from .base import WindowAlgorithm
+from .base import PlannedAlgorithm
 
 
-class OneShotAllGather(WindowAlgorithm):
+class OneShotAllGather(PlannedAlgorithm):
     name = "one_shot"
     collective = "all_gather"
 
@@ -32,11 +32,7 @@ class OneShotAllGather(WindowAlgorithm):
             return _plan(shape, window.rank, dst.itemsize), _planned.COPY
         return None
 
-    def run(self, window, src, dst, shape, reducer, stamp, word, trouble) -> None:
-        planned = self.planned(window, src, dst, shape, reducer, word)
-        if planned is not None:
-            _planned.run(window, src, dst, *planned, stamp, word, trouble)
-            return
+    def rounds(self, window, src, dst, shape, reducer, stamp, word, trouble) -> None:
         me, per = window.rank, window.capacity // dst.itemsize
         parts = layout(shape)
         off, mine = parts[me]

@@ -27,11 +27,11 @@ from ..selection.cost import Network
 from . import _planned
 from ._direct import exchange_words
 from ._rounds import piece, pieces_of, sync
-from .base import WindowAlgorithm
+from .base import PlannedAlgorithm
 from .pairwise_all_to_all import offsets
 
 
-class OneShotAllToAll(WindowAlgorithm):
+class OneShotAllToAll(PlannedAlgorithm):
     name = "one_shot"
     collective = "all_to_all"
 
@@ -51,15 +51,11 @@ class OneShotAllToAll(WindowAlgorithm):
             return _plan(shape, window.rank, src.itemsize, q), _planned.COPY
         return None
 
-    def run(self, window, src, dst, shape, reducer, stamp, word, trouble) -> None:
+    def rounds(self, window, src, dst, shape, reducer, stamp, word, trouble) -> None:
         n, me = window.size, window.rank
         sends, recvs = shape.counts, shape.recv_counts
         q = max(1, window.capacity // src.itemsize // (n - 1))
         uneven = word != 0   # all_to_all's window word: whether splits were passed
-        planned = self.planned(window, src, dst, shape, reducer, word)
-        if planned is not None:
-            _planned.run(window, src, dst, *planned, stamp, word, trouble)
-            return
         soff, roff = offsets(sends), offsets(recvs)
         if uneven:
             # The rounds to come depend on every rank's row: a stall here names this rank's own guess.

@@ -19,10 +19,10 @@ from functools import lru_cache
 from ..selection.cost import Network
 from . import _planned
 from ._rounds import pieces_of, sync
-from .base import WindowAlgorithm
+from .base import PlannedAlgorithm
 
 
-class OneShotBroadcast(WindowAlgorithm):
+class OneShotBroadcast(PlannedAlgorithm):
     name = "one_shot"
     collective = "broadcast"
 
@@ -35,12 +35,8 @@ class OneShotBroadcast(WindowAlgorithm):
             return _plan(window.rank, shape.root, dst.nbytes), _planned.COPY
         return None
 
-    def run(self, window, src, dst, shape, reducer, stamp, word, trouble) -> None:
+    def rounds(self, window, src, dst, shape, reducer, stamp, word, trouble) -> None:
         x, root = dst, shape.root
-        planned = self.planned(window, src, dst, shape, reducer, word)
-        if planned is not None:
-            _planned.run(window, x, x, *planned, stamp, word, trouble)
-            return
         per = window.capacity // x.itemsize
         pieces = pieces_of(x.size, per)
         for i in range(pieces):

@@ -21,10 +21,10 @@ from ..core.schedule import largest, layout
 from ..selection.cost import Network
 from . import _planned
 from ._rounds import piece, pieces_of, sync
-from .base import WindowAlgorithm
+from .base import PlannedAlgorithm
 
 
-class OneShotReduceScatter(WindowAlgorithm):
+class OneShotReduceScatter(PlannedAlgorithm):
     name = "one_shot"
     collective = "reduce_scatter"
 
@@ -40,11 +40,7 @@ class OneShotReduceScatter(WindowAlgorithm):
             return _plan(shape, window.rank, src.itemsize, q), reducer.code
         return None
 
-    def run(self, window, src, dst, shape, reducer, stamp, word, trouble) -> None:
-        planned = self.planned(window, src, dst, shape, reducer, word)
-        if planned is not None:
-            _planned.run(window, src, dst, *planned, stamp, word, trouble)
-            return
+    def rounds(self, window, src, dst, shape, reducer, stamp, word, trouble) -> None:
         me, n = window.rank, window.size
         q = max(1, window.capacity // src.itemsize // max(1, n - 1))
         parts = layout(shape)

@@ -1,5 +1,5 @@
 /* The one-shot rounds of a shared window, compiled: the all-reduce round, and one round of the
- * copy collectives (broadcast, all-gather, all-to-all) and of the reduce-scatter, which follow a
+ * copy collectives (broadcast, all-gather, all-to-all, gather, scatter) and of the reduce-scatter, which follow a
  * plan of byte ranges their Python algorithm builds once per shape.
  *
  * A 1 KiB all-reduce through the window is one flag store, n - 1 flag loads and a few hundred
