@@ -56,7 +56,7 @@ for op in ringcomm.ReduceOp:
             checks += 1
 
 # The rounds the core runs from a plan (algorithms/_planned.py): broadcast, all-gather, all-to-all,
-# reduce-scatter, one round each, against what numpy says every rank must hold.
+# gather, scatter, reduce-scatter, one round each, against what numpy says every rank must hold.
 for name in ("float32", "float64", "int8", "int64"):
     storage = DTYPES[name].storage
     for count in (1, 255, 4097):
@@ -74,6 +74,16 @@ for name in ("float32", "float64", "int8", "int64"):
         comm.all_to_all(out, block(rank, 1), algorithm="one_shot")
         mine = np.concatenate([block(r, 1)[rank * count:(rank + 1) * count] for r in range(size)])
         assert out.tobytes() == mine.tobytes(), f"all_to_all {name} x {count}"
+        for root in range(size):
+            whole = np.zeros(count * size, storage) if rank == root else None
+            comm.gather(whole, block(rank, 3)[:count], root=root, algorithm="one_shot")
+            if rank == root:
+                assert whole.tobytes() == np.concatenate([block(r, 3)[:count] for r in range(size)]).tobytes(), \
+                    f"gather {name} x {count} to {root}"
+            part = np.zeros(count, storage)
+            comm.scatter(part, block(root, 4) if rank == root else None, root=root, algorithm="one_shot")
+            assert part.tobytes() == block(root, 4)[rank * count:(rank + 1) * count].tobytes(), \
+                f"scatter {name} x {count} from {root}"
         for op, ufunc in (("sum", np.add), ("max", np.maximum)):
             part = np.zeros(count, storage)
             with np.errstate(all="ignore"):
@@ -83,7 +93,7 @@ for name in ("float32", "float64", "int8", "int64"):
                     expected = ufunc(expected, block(r, 2))
             assert part.tobytes() == expected[rank * count:(rank + 1) * count].tobytes(), \
                 f"reduce_scatter {op} {name} x {count}"
-        checks += 1 + size + 3
+        checks += 1 + 3 * size + 3
 print(f"rank {rank} ok {checks} compiled={window.core is not None}", flush=True)
 comm.close()
 sys.exit(0)
