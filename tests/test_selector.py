@@ -348,6 +348,10 @@ def test_in_cache_broadcasts_and_reduce_scatters_price_the_window_copies_from_ca
     assert net.window_beta((8 << 20) + 1) == net.window.beta
     from ringcomm.selection.selector import describe
     assert "shared window from cache" in describe(cached.explain("broadcast", 1 << 20, 2, **kw))
+    # Ranks sharing cores share caches: no cached price.
+    crowded = Selector()
+    crowded.set_host(4, 2, cache_bytes=32 << 20)
+    assert crowded.explain("broadcast", 1 << 20, 4, **kw).network.window_cached is None
     # Threads have no cached window in the tuning: nothing changes for them.
     threads = cached.explain("broadcast", 1 << 20, 2, routes=("threads", "threads"), window_bytes=512 << 10)
     assert threads.network.window_cached is None
