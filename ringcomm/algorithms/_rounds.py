@@ -40,6 +40,12 @@ def settle(window, k: int, stamp: int, word: int, trouble: Callable, piece: int,
         trouble().mismatch(odd, window.stamp(odd, k), window.word(odd, k))
 
 
+def places(window, itemsize: int) -> int:
+    """q: the elements of each place when a round's slot holds one place per other rank (see
+    ``piece``)."""
+    return max(1, window.capacity // itemsize // max(1, window.size - 1))
+
+
 def piece(part: int, writer: int, q: int, m: int) -> slice:
     """Where the m-element piece meant for rank ``part`` lies in rank ``writer``'s slot, when a
     slot holds one q-element place per other rank in rank order, the writer's own left out (the

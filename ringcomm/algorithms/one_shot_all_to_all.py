@@ -26,7 +26,7 @@ from ..errors import MismatchError
 from ..selection.cost import Network
 from . import _planned
 from ._direct import exchange_words
-from ._rounds import piece, pieces_of, sync
+from ._rounds import piece, pieces_of, places, sync
 from .base import PlannedAlgorithm
 from .pairwise_all_to_all import offsets
 
@@ -46,7 +46,7 @@ class OneShotAllToAll(PlannedAlgorithm):
     def planned(self, window, src, dst, shape, reducer, word):
         # Even calls only (word 0: no splits passed; an uneven call trades its splits in a round
         # of its own first), whose blocks fit one round: q elements per peer.
-        q = max(1, window.capacity // src.itemsize // max(1, window.size - 1))
+        q = places(window, src.itemsize)
         if word == 0 and shape.counts[0] <= q and _planned.usable(window, src, dst):
             return _plan(shape, window.rank, src.itemsize, q), _planned.COPY
         return None
@@ -54,7 +54,7 @@ class OneShotAllToAll(PlannedAlgorithm):
     def rounds(self, window, src, dst, shape, reducer, stamp, word, trouble) -> None:
         n, me = window.size, window.rank
         sends, recvs = shape.counts, shape.recv_counts
-        q = max(1, window.capacity // src.itemsize // (n - 1))
+        q = places(window, src.itemsize)
         uneven = word != 0   # all_to_all's window word: whether splits were passed
         soff, roff = offsets(sends), offsets(recvs)
         if uneven:

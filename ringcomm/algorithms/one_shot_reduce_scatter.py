@@ -20,7 +20,7 @@ import numpy as np
 from ..core.schedule import largest, layout
 from ..selection.cost import Network
 from . import _planned
-from ._rounds import piece, pieces_of, sync
+from ._rounds import piece, pieces_of, places, sync
 from .base import PlannedAlgorithm
 
 
@@ -35,14 +35,14 @@ class OneShotReduceScatter(PlannedAlgorithm):
                 + sent * net.gamma)
 
     def planned(self, window, src, dst, shape, reducer, word):
-        q = max(1, window.capacity // src.itemsize // max(1, window.size - 1))
+        q = places(window, src.itemsize)
         if largest(shape) <= q and reducer.code >= 0 and _planned.usable(window, src, dst):
             return _plan(shape, window.rank, src.itemsize, q), reducer.code
         return None
 
     def rounds(self, window, src, dst, shape, reducer, stamp, word, trouble) -> None:
         me, n = window.rank, window.size
-        q = max(1, window.capacity // src.itemsize // max(1, n - 1))
+        q = places(window, src.itemsize)
         parts = layout(shape)
         pieces = pieces_of(max(c for _, c in parts), q)
         reduce, combine = reducer.reduce, reducer.combine

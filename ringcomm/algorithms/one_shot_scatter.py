@@ -14,7 +14,7 @@ from functools import lru_cache
 
 from ..selection.cost import Network
 from . import _planned
-from ._rounds import piece, pieces_of, sync
+from ._rounds import piece, pieces_of, places, sync
 from .base import PlannedAlgorithm
 
 
@@ -26,7 +26,7 @@ class OneShotScatter(PlannedAlgorithm):
         return net.window_rounds(nbytes * (net.size - 1) / net.size) * net.window.alpha + nbytes * net.window.beta
 
     def planned(self, window, src, dst, shape, reducer, word):
-        q = _places(window, dst.itemsize)
+        q = places(window, dst.itemsize)
         if shape.count <= q and _planned.usable(window, src, dst):
             return _plan(window.rank, shape.root, window.size, shape.count * dst.itemsize, q * dst.itemsize), \
                 _planned.COPY
@@ -36,7 +36,7 @@ class OneShotScatter(PlannedAlgorithm):
         count, root, me, n = shape.count, shape.root, window.rank, window.size
         if me == root:
             dst[...] = src[me * count:(me + 1) * count]
-        q = _places(window, dst.itemsize)
+        q = places(window, dst.itemsize)
         pieces = pieces_of(count, q)
         for i in range(pieces):
             lo = i * q
@@ -49,11 +49,6 @@ class OneShotScatter(PlannedAlgorithm):
             k = sync(window, stamp, word, trouble, i, pieces)
             if me != root:
                 dst[lo:lo + m] = window.views(k, dst.dtype, (n - 1) * q)[root][piece(me, root, q, m)]
-
-
-def _places(window, item: int) -> int:
-    """Elements of each rank's block in one round: the slot holds a place per non-root."""
-    return max(1, window.capacity // item // max(1, window.size - 1))
 
 
 @lru_cache(maxsize=256)
