@@ -1,12 +1,20 @@
-"""The one compiled piece of ringcomm: the window's rounds (ringcomm/core/_round.c).
+"""The compiled pieces of ringcomm: the window's rounds (ringcomm/core/_round.c) and the shm
+transport's pipe for large sends (ringcomm/transport/shm/_pipe.c).
 
 Everything else is in pyproject.toml. ``optional=True``: where no C compiler is found the
-install still succeeds and ringcomm runs the same round in Python (slower, same results).
+install still succeeds and ringcomm runs the same round in Python and sends large messages by
+CMA, the staging pool or MPI (slower, same results).
 """
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension(
-    "ringcomm.core._round", ["ringcomm/core/_round.c"], optional=True,
-    # No fused multiply-add and no reassociation: the round must round exactly as numpy does.
-    extra_compile_args=["-O3", "-ffp-contract=off", "-fno-fast-math", "-std=gnu11"],
-)])
+setup(ext_modules=[
+    Extension(
+        "ringcomm.core._round", ["ringcomm/core/_round.c"], optional=True,
+        # No fused multiply-add and no reassociation: the round must round exactly as numpy does.
+        extra_compile_args=["-O3", "-ffp-contract=off", "-fno-fast-math", "-std=gnu11"],
+        include_dirs=["ringcomm/core"], depends=["ringcomm/core/_relax.h"],
+    ),
+    Extension("ringcomm.transport.shm._pipe", ["ringcomm/transport/shm/_pipe.c"], optional=True,
+              extra_compile_args=["-O3", "-std=gnu11"],
+              include_dirs=["ringcomm/core"], depends=["ringcomm/core/_relax.h"]),
+])

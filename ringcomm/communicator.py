@@ -720,9 +720,9 @@ class Communicator:
         watch = _P2PWatch(self, call, work, deadline)
         if call.name == "send":
             # Staged until it completes: a send from 4 MiB on (cma.P2P_MIN_BYTES) is read by
-            # its receiver straight out of this process (CMA) instead of through the staging
-            # pool or MPI. Host sends below that size skip the staging, which would cost as much
-            # as the send.
+            # its receiver straight out of this process (CMA), or where CMA is off goes through
+            # a pipe (shm/pipe.py), instead of through the staging pool or MPI. Host sends below
+            # that size skip the staging, which would cost as much as the send.
             staged = contextlib.ExitStack()
             if type(flat) is not np.ndarray or transport.stages(flat.nbytes, p2p=True):
                 staged.enter_context(transport.stage((flat,), p2p=True))

@@ -26,14 +26,7 @@
 #include <string.h>
 #include <time.h>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define RELAX() _mm_pause()
-#elif defined(__aarch64__)
-#define RELAX() __asm__ __volatile__("yield" ::: "memory")
-#else
-#define RELAX() do {} while (0)
-#endif
+#include "_relax.h"
 
 #define LINE 64
 

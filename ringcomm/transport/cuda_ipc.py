@@ -87,6 +87,8 @@ class CudaIpcTransport(ShmTransport):
     def _aborted(self, reason) -> None:
         self.__dict__["_aborted_reason"] = reason
 
+    _host_pipes = False   # a pipe's C loop copies host memory; device sends take the device pool
+
     def _direct_reads_blocked(self) -> str:
         return "device memory: process_vm_readv reads host memory only"
 
@@ -169,10 +171,11 @@ class CudaIpcTransport(ShmTransport):
         self._bytes["host"] += tmp.nbytes
         return self.cupy.asarray(tmp)
 
-    def _move(self, req) -> None:
-        super()._move(req)
+    def _move(self, req) -> bool:
+        done = super()._move(req)   # always True here: no pipes on device memory (_host_pipes)
         if req.seg >= 0:   # read in place from a peer's device segment (not empty, not over MPI)
             self._bytes["device"] += req.nbytes
+        return done
 
     def carried(self) -> dict:
         """Bytes received so far: {"device": read from peers' device memory, "host": through host memory}."""

@@ -20,7 +20,8 @@ from ringcomm.errors import MismatchError, PeerAbortedError
 from ringcomm.topology import discover
 from ringcomm.transport import factory
 from ringcomm.transport.shm import WINDOW_SLOTS, ShmTransport
-from ringcomm.transport.shm.rings import CMA, SLOTS, VIA_MPI
+from ringcomm.transport.shm import pipe
+from ringcomm.transport.shm.rings import CMA, PIPE, SLOTS, VIA_MPI
 from ringcomm.transport.window import CAPACITY, JOB_CAPACITY, region_bytes
 
 world = MPI.COMM_WORLD.Dup()
@@ -32,10 +33,21 @@ rank, size = t.rank, t.size
 right, left = (rank + 1) % size, (rank - 1) % size
 add = reducer(ReduceOp.SUM, DTYPES["float64"])
 POOL = t._pool_seg.seg_id   # the segment staged sends are read from
+# where a large send goes: CMA where the node reads by CMA, else a pipe where built, else the pool
+LARGE = CMA if t.direct_reads == "cma" else PIPE if t._pipe_ok else POOL
+assert t._pipe_ok == (t.direct_reads != "cma" and pipe.enabled()), (t._pipe_ok, t.direct_reads)
 
 
 def both(r, s):
     assert r.wait(30) and s.wait(30)
+
+
+def barrier_progressing():
+    """A barrier that keeps this rank's transport going meanwhile (the communicator's progress
+    thread does that for its users): the sends of a rank that dropped them still finish."""
+    done = world.Ibarrier()
+    while not done.Test():
+        t.progress()
 
 
 # 1. Streams under several tags interleave; each receive gets exactly its message, even when
@@ -95,16 +107,16 @@ t.cma_min_bytes = 1 << 60
 # 3c. A send (comm.send stages with p2p=True) is read by CMA from cma_p2p_min_bytes, far below a
 #     collective's floor: one copy instead of two, and no reduction to keep in cache.
 floor = t.cma_p2p_min_bytes
-assert floor < t.cma_min_bytes and t.stages(floor, p2p=True) == (t.direct_reads == "cma")
+assert floor < t.cma_min_bytes and t.stages(floor, p2p=True) == (LARGE != POOL)
 assert not t.stages(floor - 1, p2p=True) and not t.stages(floor)
 message = np.arange(floor // 8, dtype=np.float64) * (rank + 1)
 got = np.zeros_like(message)
 with t.stage((message,), p2p=True):
     s = t.isend(message, right, 15)
     both(t.irecv(got, left, 15), s)
-assert s.seg == (CMA if t.direct_reads == "cma" else POOL), s.seg
+assert s.seg == LARGE, s.seg
 assert np.array_equal(got, np.arange(floor // 8) * (left + 1.0))
-assert not t._staged   # the range is released with the stage
+assert not t._staged and not t._piped   # the range is released with the stage
 # A send read by CMA whose request and array the caller dropped before the receiver came (a
 # communicator closed with it unmatched): the transport holds the array until it is acknowledged,
 # so the receiver never reads memory that was freed and reused.
@@ -118,10 +130,51 @@ assert held() is not None or t.direct_reads != "cma"
 world.Barrier()
 got = np.zeros(floor // 8)
 assert t.irecv(got, left, 16).wait(30) and np.array_equal(got, np.full(floor // 8, 3.0 + left))
-world.Barrier()
+barrier_progressing()   # a pipe's sender fills its cells as the receiver empties them
 t.progress()   # the acknowledgement lets it go
 gc.collect()
 assert held() is None
+
+# 3d. Pipes (a node without CMA): sizes that end mid-cell and span many rings' worth, sent both
+#     ways at once (each receive fills this rank's own pipe while it waits), two in flight to one
+#     peer received in the other order, a strided receive buffer, and a receiver emptying the
+#     cells in Python (no compiled piece there) while its own sends still go by pipe.
+if t._pipe_ok:
+    for nbytes in (floor, floor + 12_345, 3 * floor + 7):
+        message = (np.arange(nbytes) * (rank + 3) % 251).astype(np.uint8)
+        got = np.zeros(nbytes, np.uint8)
+        with t.stage((message,), p2p=True):
+            s = t.isend(message, right, 18)
+            both(t.irecv(got, left, 18), s)
+        assert s.seg == PIPE and np.array_equal(got, (np.arange(nbytes) * (left + 3) % 251).astype(np.uint8))
+    first, second = np.full(floor // 8, 1.0 + rank), np.full(floor // 8 + 5, 2.0 + rank)
+    got1, got2 = np.zeros_like(first), np.zeros_like(second)
+    with t.stage((first, second), p2p=True):
+        s1, s2 = t.isend(first, right, 19), t.isend(second, right, 20)
+        assert s1.seg == s2.seg == PIPE, (s1.seg, s2.seg)
+        r2 = t.irecv(got2, left, 20)
+        assert r2.wait(30)
+        r1 = t.irecv(got1, left, 19)
+        assert r1.wait(30) and s1.wait(30) and s2.wait(30)
+    assert np.all(got1 == 1.0 + left) and np.all(got2 == 2.0 + left)
+    strided = np.zeros(2 * (floor // 8))
+    message = np.arange(floor // 8, dtype=np.float64) + rank
+    with t.stage((message,), p2p=True):
+        both(t.irecv(strided[::2], left, 21), t.isend(message, right, 21))
+    assert np.array_equal(strided[::2], np.arange(floor // 8) + left) and not strided[1::2].any()
+    compiled = pipe.enabled
+    if rank % 2:
+        pipe.enabled = lambda: False   # this rank's receives empty the cells in Python
+    message = np.arange(floor // 4 + 3, dtype=np.float32) * (rank + 1)
+    got = np.zeros_like(message)
+    with t.stage((message,), p2p=True):
+        s = t.isend(message, right, 22)
+        both(t.irecv(got, left, 22), s)
+    pipe.enabled = compiled
+    assert s.seg == PIPE and np.array_equal(got, np.arange(floor // 4 + 3, dtype=np.float32) * (left + 1))
+    world.Barrier()
+    t.progress()
+    assert not t._pipes and t.pool.shares[t.local[right]].used() == 0   # every ring given back
 
 # 4. A private array nobody staged goes through the pool; one larger than a share goes over MPI,
 #    reduce included; the pool is empty again once the receives are done.
@@ -204,7 +257,7 @@ for source in ("segment", "pool", "mpi", "cma"):
     with t.stage((payload,), p2p=True) if source == "cma" else contextlib.nullcontext():
         r, s = t.irecv(into, left, 10), t.isend(payload, right, 10)
     if source == "cma":
-        assert s.seg == (CMA if t.direct_reads == "cma" else POOL), s.seg
+        assert s.seg == LARGE, s.seg
     try:
         r.wait(30)
         raise AssertionError(f"mismatch from the {source} not detected")

@@ -3,8 +3,8 @@
 Per ordered pair (sender s, receiver d) of a node, s's control segment holds a ring of SLOTS
 descriptor slots of FIELDS int64 (64 bytes, one cache line each): [PUB, ACK, TAG, ORD, SEG, OFF,
 NBYTES, spare]. A send moves no bytes through the ring: the descriptor says where d can read the
-payload (SEG/OFF: a shared segment and offset, the sender's own memory for CMA, "empty", or
-"over MPI").
+payload (SEG/OFF: a shared segment and offset, the sender's own memory for CMA, a ring of cells
+the sender fills as the receiver empties it ("pipe"), "empty", or "over MPI").
 
 - publish (sender): message k to d goes to slot (k-1) % SLOTS once that slot's previous message
   is acknowledged (PUB == ACK); the sender writes TAG..NBYTES and then PUB = k.
@@ -40,6 +40,7 @@ RING_BYTES = SLOTS * FIELDS * 8
 VIA_MPI = -1                      # SEG value: the payload follows over the node's MPI communicator
 EMPTY = -2                        # SEG value: a zero-byte message (barriers), nothing to read
 CMA = -3                          # SEG value: the payload is in the sender's process memory at OFF
+PIPE = -4                         # SEG value: through a ring of cells at OFF of the sender's pool (pipe.py)
 _TSO = {"x86_64", "amd64", "i386", "i686"}
 
 

@@ -51,9 +51,9 @@ from ...errors import CommError, MismatchError, PeerAbortedError, UsageError
 from ..base import Request, Transport
 from ..polling import spin_for, wait_polling
 from ..window import CAPACITY, JOB_CAPACITY, Window, region_bytes
-from . import cma, segments, staging
+from . import cma, pipe, segments, staging
 from .node import Node
-from .rings import CMA, EMPTY, RING_BYTES, VIA_MPI, Incoming, Outgoing, check_ordering, ring_view
+from .rings import CMA, EMPTY, PIPE, RING_BYTES, VIA_MPI, Incoming, Outgoing, check_ordering, ring_view
 from .segments import Segment, address, align
 
 _log = logging.getLogger("ringcomm.shm")
@@ -88,13 +88,15 @@ class Layout:
 
 
 class _Send(Request):
-    __slots__ = ("t", "peer", "tag", "ord", "buf", "seg", "off", "slot", "num", "mpi", "keep", "pooled", "held")
+    __slots__ = ("t", "peer", "tag", "ord", "buf", "seg", "off", "slot", "num", "mpi", "keep", "pooled", "held",
+                 "pipe")
 
     def __init__(self, t, peer, tag, ordinal, buf):
         self.t, self.peer, self.tag, self.ord, self.buf = t, peer, tag, ordinal, buf
         self.seg = self.off = 0
         self.slot = self.num = -1
         self.mpi = self.keep = None
+        self.pipe = None      # a send through a ring of cells (pipe.py): its descriptor
         self.pooled = False   # holds pool space until acknowledged
         self.held = False     # published and kept in the transport's _inflight until acknowledged
 
@@ -113,18 +115,21 @@ class _Send(Request):
     def buffered(self) -> bool:
         # Published into the pool (or empty): the caller's array was copied when it was, and
         # the transport holds the request (_inflight) until the receiver acknowledges.
-        if self.num >= 0 and (self.pooled or self.seg == EMPTY) and self.mpi is None:
+        if self.num >= 0 and (self.pooled or self.seg == EMPTY) and self.mpi is None and self.pipe is None:
             return True
         return self.test()
 
     def passive(self) -> bool:
-        # Published, and read by the receiver from the pool or by CMA: only its acknowledgement is left.
-        return self.num >= 0 and self.mpi is None and (self.pooled or self.seg in (EMPTY, CMA))
+        # Published, and read by the receiver from the pool or by CMA: only its acknowledgement
+        # is left. A pipe the sender still has to fill is not: the progress thread fills it while
+        # the caller does something else.
+        return (self.num >= 0 and self.mpi is None and (self.pooled or self.seg in (EMPTY, CMA))
+                and (self.pipe is None or self not in self.t._pipes))
 
 
 class _Recv(Request):
     __slots__ = ("t", "peer", "tag", "ord", "buf", "reduce", "own", "slot", "seg", "off", "nbytes",
-                 "mpi", "tmp", "busy", "done", "error")
+                 "mpi", "tmp", "busy", "done", "error", "pipe")
 
     def __init__(self, t, peer, tag, ordinal, buf, reduce, own):
         self.t, self.peer, self.tag, self.ord = t, peer, tag, ordinal
@@ -134,6 +139,7 @@ class _Recv(Request):
         self.mpi = self.tmp = None
         self.busy = self.done = False
         self.error: Optional[BaseException] = None
+        self.pipe = None   # a message through a ring of cells, being emptied: its descriptor
 
     def test(self) -> bool:
         if not self.done:
@@ -180,6 +186,7 @@ class ShmTransport(Transport):
     name = "shm"
     payload_tag = 7   # the MPI tag of every payload over MPI (module docstring); one per transport kind
     _by_fd = True   # share segments by descriptor (segments.py); False once the node cannot
+    _host_pipes = True   # large sends may go through pipes (pipe.py): the pool and sends are host memory
 
     def __init__(self, node_comm, ranks, *, world_rank: int, world_size: int,
                  setup_timeout: float = 300.0):
@@ -205,6 +212,8 @@ class ShmTransport(Transport):
         self._data: dict = {}                          # seg_id -> Segment: sends from it are read in place
         self._peers: dict = {}                         # (node rank, seg_id) -> that rank's mapping
         self._staged: list = []                        # [start, end) of staged arrays read by CMA
+        self._piped: list = []                         # [start, end) of staged sends that go through a pipe
+        self._pipes: list = []                         # pipe sends published and not yet all in their ring
         self._out_ord = [defaultdict(int) for _ in range(self.n)]
         self._in_ord = [defaultdict(int) for _ in range(self.n)]
         self._plain: list = [{} for _ in range(self.n)]      # (tag, ord) -> posted copy-receive
@@ -253,6 +262,12 @@ class ShmTransport(Transport):
         self._direct = why is None
         self.cma_min_bytes = cma.min_bytes()
         self.cma_p2p_min_bytes = cma.p2p_min_bytes()
+        # Pipes where this node cannot use CMA (containers often forbid it): where it can, one CMA
+        # copy beats the pipe's two from 16 MiB on and ties it at 4 MiB (docs/transports.md).
+        # They need the compiled piece, and a host pool whose share holds a ring (not cuda_ipc's).
+        self._pipe_ok = bool(not self._direct and self._host_pipes and pipe.enabled() and self.pool is not None
+                             and self._pool_view is not None and self.pool_share >= pipe.RING_BYTES)
+        self._pipe_spin = spin_for(self.n)
         whole_job = self.ranks == list(range(self.size))
         self.window = self._make_window(self.window_regions(0)) if whole_job else None
 
@@ -465,15 +480,18 @@ class ShmTransport(Transport):
         return None
 
     def stages(self, nbytes: int, p2p: bool = False) -> bool:
-        return bool(self._direct and nbytes and nbytes >= (self.cma_p2p_min_bytes if p2p else self.cma_min_bytes))
+        if p2p:
+            return bool((self._direct or self._pipe_ok) and nbytes and nbytes >= self.cma_p2p_min_bytes)
+        return bool(self._direct and nbytes and nbytes >= self.cma_min_bytes)
 
     @contextlib.contextmanager
     def stage(self, arrays: tuple, p2p: bool = False):
         """Bracket one collective over ``arrays`` (the flat arrays it sends from and receives
         into), or one send (``p2p``). Receives land in them directly. If the collective is at
-        least ``cma_min_bytes`` (a send: ``cma_p2p_min_bytes``) and the node reads by CMA, peers
-        read what this rank sends from them straight out of this process; other sends from
-        private memory go through the staging pool."""
+        least ``cma_min_bytes`` and the node reads by CMA, peers read what this rank sends from
+        them straight out of this process; a send of at least ``cma_p2p_min_bytes`` goes through a
+        pipe (pipe.py) where this process has one, else by CMA; other sends from private memory
+        go through the staging pool."""
         largest = 0
         for a in arrays:
             self._check_array(a)
@@ -482,17 +500,36 @@ class ShmTransport(Transport):
             yield
             return
         ranges = [(address(a), address(a) + a.nbytes) for a in arrays if a.nbytes]
+        staged = self._piped if p2p and self._pipe_ok else self._staged
         with self._lock:
-            self._staged.extend(ranges)
+            staged.extend(ranges)
         try:
             yield
         finally:
             with self._lock:
                 for r in ranges:
-                    self._staged.remove(r)
+                    staged.remove(r)
 
     def _read_by_cma(self, addr: int, nbytes: int) -> bool:
         return any(start <= addr and addr + nbytes <= end for start, end in self._staged)
+
+    def _in_piped(self, addr: int, nbytes: int) -> bool:
+        return any(start <= addr and addr + nbytes <= end for start, end in self._piped)
+
+    def _piped_send(self, req: _Send, addr: int) -> bool:
+        """Give ``req`` a pipe if it was staged for one and its pool share has room for a ring
+        (lock held); else it goes the way it would have without one."""
+        if not self._in_piped(addr, req.buf.nbytes):
+            return False
+        share = self.pool.shares[req.peer]
+        off = None if share.waiting else share.take(pipe.RING_BYTES, req.tag)
+        if off is None:
+            return False
+        ring = self._pool_seg.data[off:off + pipe.RING_BYTES]
+        pipe.reset(ring)
+        req.seg, req.off, req.pooled = PIPE, off, True   # pooled: the ring is given back when acknowledged
+        req.pipe = pipe.descriptor(ring, req.buf)
+        return True
 
     # ---- point to point ------------------------------------------------------------------------
     def _node_rank(self, peer: int) -> int:
@@ -547,6 +584,8 @@ class ShmTransport(Transport):
             found = self._locate(addr, nbytes) if buf.flags.c_contiguous else None   # peers read one range
             if found is not None:
                 req.seg, req.off = found
+            elif self._piped and buf.flags.c_contiguous and self._piped_send(req, addr):
+                pass
             elif self._staged and buf.flags.c_contiguous and self._read_by_cma(addr, nbytes):
                 req.seg, req.off = CMA, addr
             else:
@@ -574,6 +613,8 @@ class ShmTransport(Transport):
                 self._send_outside(req)
             self._before_publish()
             req.slot, req.num = out.publish(req.tag, req.ord, req.seg, req.off, req.buf.nbytes)
+            if req.pipe is not None and not pipe.push(req.pipe):
+                self._pipes.append(req)   # the rest goes in as the receiver empties cells
             if req.pooled or req.seg == CMA:
                 # Held until acknowledged: its pool space, or the array the receiver reads by
                 # CMA, which must outlive a request its caller dropped (a communicator closed
@@ -606,6 +647,10 @@ class ShmTransport(Transport):
 
     def _release(self, req: _Send) -> None:
         req.held = False
+        if req.pipe is not None:   # acknowledged: its receiver has it all, or refused it
+            pipe.retire(req.pipe)
+            with contextlib.suppress(ValueError):
+                self._pipes.remove(req)
         if req.pooled:
             req.pooled = False
             self.pool.release(req.peer, req.off)
@@ -630,6 +675,9 @@ class ShmTransport(Transport):
             if self._closed:
                 return
             pool = self.pool
+            for req in list(self._pipes):
+                if pipe.push(req.pipe):
+                    self._pipes.remove(req)
             for p in self.others:
                 if pool is not None and pool.shares[p].waiting:
                     for req, outcome in pool.retry(p):
@@ -663,14 +711,16 @@ class ShmTransport(Transport):
             if req.seg == VIA_MPI and not req.mpi.Test():
                 return
             req.busy = True
+        complete = True
         try:
-            self._move(req)
+            complete = self._move(req)
         except CommError as err:   # raised when the receive is waited, like a mismatch
             req.error = err
         finally:
             with self._lock:
                 req.busy = False
-                self._finish(req)
+                if complete:
+                    self._finish(req)
 
     def _claim(self, req: _Recv) -> bool:
         """Take ``req``'s message from the index (lock held); False if it has not arrived. A
@@ -702,18 +752,21 @@ class ShmTransport(Transport):
         if req.reduce is None:
             self._plain[req.peer].pop((req.tag, req.ord), None)
 
-    def _move(self, req: _Recv) -> None:
-        """Copy or reduce ``req``'s payload into its buffer (no lock held)."""
+    def _move(self, req: _Recv) -> bool:
+        """Copy or reduce ``req``'s payload into its buffer (no lock held); False while a pipe's
+        message is not all in (its next wait goes on)."""
         seg, buf = req.seg, req.buf
         if seg == EMPTY:
-            return
+            return True
         if seg == CMA:
             if req.reduce is None:
                 self._memory.copy(req.peer, req.off, buf)
             else:
                 self._memory.reduce(req.peer, req.off, buf,
                                     lambda i, part: _reduce(req, buf[i:i + part.size], part, i))
-            return
+            return True
+        if seg == PIPE:
+            return self._pull(req)
         if seg == VIA_MPI:
             src = self._from_host(req.tmp)
         else:
@@ -728,6 +781,25 @@ class ShmTransport(Transport):
         else:
             _reduce(req, buf, src, 0)
         self._after_consume()
+        return True
+
+    def _pull(self, req: _Recv) -> bool:
+        """Empty a pipe's cells into ``req``'s buffer for as long as they keep coming (pipe.py).
+        Only comm.send pipes, so this is a plain receive (a reduction never gets here)."""
+        if req.pipe is None:
+            view = self._peers.get((req.peer, self._pool_seg.seg_id))
+            if view is None or req.reduce is not None:
+                raise CommError(f"shm transport on rank {self.rank}: rank {self.ranks[req.peer]} sent "
+                                f"through a pipe this receive cannot read")
+            dst = req.buf if req.buf.flags.c_contiguous else np.empty(req.buf.shape, req.buf.dtype)
+            req.tmp = (view[req.off:req.off + pipe.RING_BYTES], dst)
+            req.pipe = pipe.descriptor(req.tmp[0], dst)
+        ring, dst = req.tmp
+        if not pipe.pull(req.pipe, ring, dst, tuple(r.pipe for r in self._pipes), self._pipe_spin):
+            return False
+        if dst is not req.buf:
+            req.buf[...] = dst
+        return True
 
     def probe(self, source, tag=None, context=0):
         """The first published message nobody has posted a copy-receive for (Transport.probe);
@@ -842,6 +914,9 @@ class ShmTransport(Transport):
                 return
             self._closed = True
             _UNREAD.extend(req.buf for held in self._inflight for req in held if req.seg == CMA)
+            for req in self._pipes:   # never filled again: its buffer may go
+                pipe.retire(req.pipe)
+            self._pipes.clear()
             for held in self._inflight:
                 held.clear()
             for plain in self._plain:
