@@ -20,7 +20,7 @@ import pytest
 from mpi_util import run_mpi
 from ringcomm.errors import CommError
 from ringcomm.transport import shm
-from ringcomm.transport.shm import cma, segments
+from ringcomm.transport.shm import cma, pipe, segments
 
 pytestmark = pytest.mark.mpi
 
@@ -192,6 +192,11 @@ def test_a_failed_read_or_write_names_the_peer_errno_address_and_size(monkeypatc
 
 def test_timeout_is_an_error_not_a_hang():
     ok_lines(run_mpi(2, "shm_timeout.py").stdout, 2)
+
+
+@pytest.mark.skipif(not pipe.enabled(), reason="no pipes here: _pipe.c not built, or RINGCOMM_COMPILED=0")
+def test_a_pipe_whose_sender_stops_raises_on_both_ranks_within_the_timeout():
+    ok_lines(run_mpi(2, "shm_pipe_stalled.py", env={"RINGCOMM_SHM_CMA": "0"}).stdout, 2)
 
 
 def test_sigkill_leaves_nothing_in_dev_shm():
