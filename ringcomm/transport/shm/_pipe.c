@@ -30,7 +30,7 @@
 #define LINE 64
 #define HEADER (2 * LINE)
 #define MAX_SENDS 64
-#define TAIL_POLLS 20000   /* polls (~40 us at a pause each) for a send's last cells after the receive is in */
+#define TAIL_SECONDS 50e-6   /* how long a send's last cells are waited for once the receive is in */
 #define RETIRED 2   /* the busy word of a send nobody may fill any more */
 
 /* A pipe's descriptor: int64 words, kept by the Python request that owns the pipe. */
@@ -185,7 +185,7 @@ static PyObject *pipe_pull(PyObject *module, PyObject *const *args, Py_ssize_t n
     int done;
     Py_BEGIN_ALLOW_THREADS
     const Pipe *in = &pipes[0];
-    double idle_since = 0;
+    double idle_since = 0, tail_since = 0;
     unsigned idle = 0, tail = 0;
     for (;;) {
         int moved = drain(in), all_in = drained(in), sends_left = 0;
@@ -198,7 +198,12 @@ static PyObject *pipe_pull(PyObject *module, PyObject *const *args, Py_ssize_t n
          * receivers are emptying them right now (an exchange ends about together) and nobody
          * else fills them until the caller's next call into the transport. */
         if (all_in && (!sends_left || !moved)) {
-            if (!sends_left || ++tail > TAIL_POLLS) break;
+            if (!sends_left) break;
+            if ((++tail & 63) == 0) {
+                double t = now();
+                if (tail == 64) tail_since = t;
+                else if (t - tail_since >= TAIL_SECONDS) break;
+            }
             RELAX();
             continue;
         }
