@@ -1,6 +1,7 @@
 """Large sends through a ring of cells: the sender fills cells while its receiver empties them.
 
-A ``comm.send`` of at least ``cma.P2P_MIN_BYTES`` (a rendezvous send: it completes when its
+On a node that cannot read by CMA (where it can, one CMA copy beats two: transport.py), a
+``comm.send`` of at least ``cma.P2P_MIN_BYTES`` (a rendezvous send: it completes when its
 receiver has the bytes, like MPI's above its eager limit) takes a ring of CELLS cells of CELL
 bytes from its staging-pool share and goes through it chunk by chunk (_pipe.c says why and
 how). Both copies overlap and the cells stay in cache, where CMA's one copy pins every page and
