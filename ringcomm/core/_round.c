@@ -24,9 +24,8 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
-#include <time.h>
 
-#include "_relax.h"
+#include "_polling.h"
 
 #define LINE 64
 
@@ -56,12 +55,6 @@ static int lagging(const Core *c, int64_t k) {
         if (r != c->rank && __atomic_load_n(flag_of(c, r), __ATOMIC_ACQUIRE) < k)
             return r;
     return -1;
-}
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 /* The first peer whose round-k slot carries another stamp or word, or -1. */

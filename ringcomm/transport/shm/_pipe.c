@@ -23,9 +23,8 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
-#include <time.h>
 
-#include "_relax.h"
+#include "_polling.h"
 
 #define LINE 64
 #define HEADER (2 * LINE)
@@ -49,12 +48,6 @@ static inline char *cell(const Pipe *p, int64_t i) { return p->ring + HEADER + (
 static inline int64_t length(const Pipe *p, int64_t i) {
     int64_t rest = p->nbytes - i * p->cell;
     return rest < p->cell ? rest : p->cell;
-}
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 /* The pipe a descriptor names; -1 with a Python error when it is not one. */

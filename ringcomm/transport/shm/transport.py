@@ -510,16 +510,10 @@ class ShmTransport(Transport):
                 for r in ranges:
                     staged.remove(r)
 
-    def _read_by_cma(self, addr: int, nbytes: int) -> bool:
-        return any(start <= addr and addr + nbytes <= end for start, end in self._staged)
-
-    def _in_piped(self, addr: int, nbytes: int) -> bool:
-        return any(start <= addr and addr + nbytes <= end for start, end in self._piped)
-
     def _piped_send(self, req: _Send, addr: int) -> bool:
         """Give ``req`` a pipe if it was staged for one and its pool share has room for a ring
         (lock held); else it goes the way it would have without one."""
-        if not self._in_piped(addr, req.buf.nbytes):
+        if not _covers(self._piped, addr, req.buf.nbytes):
             return False
         share = self.pool.shares[req.peer]
         off = None if share.waiting else share.take(pipe.RING_BYTES, req.tag)
@@ -586,7 +580,7 @@ class ShmTransport(Transport):
                 req.seg, req.off = found
             elif self._piped and buf.flags.c_contiguous and self._piped_send(req, addr):
                 pass
-            elif self._staged and buf.flags.c_contiguous and self._read_by_cma(addr, nbytes):
+            elif self._staged and buf.flags.c_contiguous and _covers(self._staged, addr, nbytes):
                 req.seg, req.off = CMA, addr
             else:
                 if self.pool is not None:
@@ -952,6 +946,11 @@ class ShmTransport(Transport):
         return Window(members.index(self.rank), [regions[r] for r in node_ranks],
                       aborted=lambda peer: self.aborted_reason(node_ranks[peer]), spin=spin_for(self.n),
                       **self._window_access(node_ranks))
+
+
+def _covers(ranges: list, addr: int, nbytes: int) -> bool:
+    """Whether one of the [start, end) ``ranges`` (staged arrays) holds ``nbytes`` at ``addr``."""
+    return any(start <= addr and addr + nbytes <= end for start, end in ranges)
 
 
 def _reduce(req: _Recv, dst, msg, start: int) -> None:
