@@ -51,9 +51,12 @@ def check_ordering() -> None:
                         f"RINGCOMM_SHM_UNSAFE_ORDERING=1 to try anyway)")
 
 
-def ring_view(region: np.ndarray) -> np.ndarray:
-    """A ring's slots as a (SLOTS, FIELDS) int64 array over ``region`` (RING_BYTES of uint8)."""
-    return region[:RING_BYTES].view(np.int64).reshape(SLOTS, FIELDS)
+def ring_view(region: np.ndarray) -> memoryview:
+    """A ring's slots as one flat int64 memoryview over ``region`` (RING_BYTES of uint8), field f
+    of slot s at s * FIELDS + f. A memoryview, not a (SLOTS, FIELDS) array: an item of it is read
+    or written in ~40 ns against numpy's ~150 (and a row view's ~200), and a message touches a
+    dozen of them on each side (1.9 -> 0.5 us per message)."""
+    return memoryview(region[:RING_BYTES]).cast("B").cast("q")
 
 
 class Outgoing:
@@ -62,25 +65,25 @@ class Outgoing:
 
     __slots__ = ("ring", "published", "queue")
 
-    def __init__(self, ring: np.ndarray):
+    def __init__(self, ring: memoryview):
         self.ring, self.published, self.queue = ring, 0, deque()
 
     def slot_free(self) -> bool:
-        row = self.ring[self.published % SLOTS]
-        return row[PUB] == row[ACK]
+        at = self.published % SLOTS * FIELDS
+        return self.ring[at + PUB] == self.ring[at + ACK]
 
     def publish(self, tag: int, ordinal: int, seg: int, off: int, nbytes: int) -> tuple:
         """Write the next descriptor (its slot must be free); returns (slot, number)."""
         num = self.published + 1
         slot = (num - 1) % SLOTS
-        row = self.ring[slot]
-        row[TAG], row[ORD], row[SEG], row[OFF], row[NBYTES] = tag, ordinal, seg, off, nbytes
-        row[PUB] = num   # last: a reader that sees it sees the fields
+        ring, at = self.ring, slot * FIELDS
+        ring[at + TAG], ring[at + ORD], ring[at + SEG], ring[at + OFF], ring[at + NBYTES] = tag, ordinal, seg, off, nbytes
+        ring[at + PUB] = num   # last: a reader that sees it sees the fields
         self.published = num
         return slot, num
 
     def acked(self, slot: int, num: int) -> bool:
-        return self.ring[slot, ACK] >= num
+        return self.ring[slot * FIELDS + ACK] >= num
 
 
 class Incoming:
@@ -88,7 +91,7 @@ class Incoming:
 
     __slots__ = ("ring", "seen", "arrived")
 
-    def __init__(self, ring: np.ndarray):
+    def __init__(self, ring: memoryview):
         self.ring, self.seen, self.arrived = ring, 0, {}   # (tag, ord) -> slot, not yet taken
 
     def discover(self) -> list:
@@ -96,9 +99,10 @@ class Incoming:
         ring, seen, new = self.ring, self.seen, []
         while True:
             slot = seen % SLOTS
-            if ring[slot, PUB] != seen + 1:
+            at = slot * FIELDS
+            if ring[at + PUB] != seen + 1:
                 break
-            self.arrived[(int(ring[slot, TAG]), int(ring[slot, ORD]))] = slot
+            self.arrived[(ring[at + TAG], ring[at + ORD])] = slot
             new.append(slot)
             seen += 1
         self.seen = seen
@@ -106,13 +110,13 @@ class Incoming:
 
     def fields(self, slot: int) -> tuple:
         """(SEG, OFF, NBYTES) of the message in ``slot``."""
-        row = self.ring[slot]
-        return int(row[SEG]), int(row[OFF]), int(row[NBYTES])
+        ring, at = self.ring, slot * FIELDS
+        return ring[at + SEG], ring[at + OFF], ring[at + NBYTES]
 
     def key(self, slot: int) -> tuple:
-        row = self.ring[slot]
-        return int(row[TAG]), int(row[ORD])
+        at = slot * FIELDS
+        return self.ring[at + TAG], self.ring[at + ORD]
 
     def ack(self, slot: int) -> None:
-        row = self.ring[slot]
-        row[ACK] = row[PUB]
+        at = slot * FIELDS
+        self.ring[at + ACK] = self.ring[at + PUB]
