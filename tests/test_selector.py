@@ -328,7 +328,7 @@ def test_oversubscribed_direct_reads_pay_a_share_of_a_core_but_no_hand_off():
     assert choice.algorithm in ("direct", "one_shot"), choice.predicted
 
 
-def test_in_cache_broadcasts_and_reduce_scatters_price_the_window_copies_from_cache():
+def test_in_cache_broadcasts_reduce_scatters_and_all_to_alls_price_the_window_copies_from_cache():
     # A CMA read pins every page whatever the cache holds; the window's copies run from cache
     # while every rank's vector fits in half of it. 2 shm ranks, 32 MiB of cache: one_shot to
     # 8 MiB, direct beyond; with no cache known, the plain window price sends 4 MiB to direct.
@@ -336,13 +336,13 @@ def test_in_cache_broadcasts_and_reduce_scatters_price_the_window_copies_from_ca
     cached, unknown = Selector(), Selector()
     cached.set_host(2, 2, cache_bytes=32 << 20)
     unknown.set_host(2, 2, cache_bytes=0)
-    for collective in ("broadcast", "reduce_scatter"):
+    for collective in ("broadcast", "reduce_scatter", "all_to_all"):
         assert cached.explain(collective, 4 << 20, 2, **kw).algorithm == "one_shot"
         assert unknown.explain(collective, 4 << 20, 2, **kw).algorithm == "direct"
         assert cached.explain(collective, 64 << 20, 2, **kw).algorithm == "direct"
-    for collective in ("all_gather", "all_to_all"):   # measured no faster in cache than direct
-        assert cached.explain(collective, 4 << 20, 2, **kw).predicted == \
-            unknown.explain(collective, 4 << 20, 2, **kw).predicted
+    # all_gather's direct writes each part once: measured no slower than one_shot in cache
+    assert cached.explain("all_gather", 4 << 20, 2, **kw).predicted == \
+        unknown.explain("all_gather", 4 << 20, 2, **kw).predicted
     net = cached.explain("broadcast", 8 << 20, 2, **kw).network
     assert net.window_beta(8 << 20) == net.window_cached.beta < net.window.beta
     assert net.window_beta((8 << 20) + 1) == net.window.beta

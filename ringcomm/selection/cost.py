@@ -69,9 +69,10 @@ class Network:
         the window's slots and whatever else the ranks touch), the copies run from cache, several
         times faster than from memory; a direct read by CMA does not (it pins every page it reads,
         whatever the cache holds), so without this the model sent in-cache broadcasts and
-        reduce-scatters to the direct algorithms, 1.1-1.8x slower there. all_gather and
-        all_to_all keep the plain price: in the same runs their direct algorithms, which write
-        each part once, tied or beat one_shot in cache (docs/selection.md)."""
+        reduce-scatters to the direct algorithms, 1.1-1.8x slower there; all_to_all alike
+        (direct 1.1-1.6x slower at 4-8 MiB). all_gather keeps the plain price: its direct
+        algorithm, which writes each part once, tied or beat one_shot in cache
+        (docs/selection.md)."""
         if self.window_cached is not None and self.size * nbytes <= self.cache_bytes / 2:
             return self.window_cached.beta
         return self.window.beta
