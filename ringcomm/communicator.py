@@ -9,7 +9,6 @@ Point-to-point calls are posted in issue order and complete on their own (core/p
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import logging
@@ -719,33 +718,15 @@ class Communicator:
         deadline = deadline_of(self.timeout)
         watch = _P2PWatch(self, call, work, deadline)
         if call.name == "send":
-            # Staged until it completes: a send from 4 MiB on (cma.P2P_MIN_BYTES) is read by
-            # its receiver straight out of this process (CMA), or where CMA is off goes through
-            # a pipe (shm/pipe.py), instead of through the staging pool or MPI. Host sends below
-            # that size skip the staging, which would cost as much as the send.
-            staged = contextlib.ExitStack()
-            if type(flat) is not np.ndarray or transport.stages(flat.nbytes, p2p=True):
-                staged.enter_context(transport.stage((flat,), p2p=True))
-            try:
-                request = transport.isend(flat, call.peer, tag)
-            except BaseException:
-                staged.close()
-                raise
+            # The caller's array stays untouched until the send completes (``send``'s rule), so
+            # from 4 MiB on (cma.P2P_MIN_BYTES) the receiver reads it straight out of this
+            # process (CMA), or where CMA is off through a pipe (shm/pipe.py), instead of
+            # through the staging pool or MPI (Transport.isend_p2p).
+            request = transport.isend_p2p(flat, call.peer, tag)
 
             def sent() -> bool:
-                try:
-                    done = request.buffered() or watch.stalled(call.peer, Send(call.peer, 0, call.count))
-                except BaseException:
-                    staged.close()
-                    raise
-                if done:
-                    staged.close()
-                return done
-
-            def withdraw() -> None:
-                request.cancel()
-                staged.close()
-            return sent, withdraw, request.passive
+                return request.buffered() or watch.stalled(call.peer, Send(call.peer, 0, call.count))
+            return sent, request.cancel, request.passive
         if call.peer is not None:
             work.source = call.peer
             request = transport.irecv(flat, call.peer, tag)

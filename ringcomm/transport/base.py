@@ -94,6 +94,13 @@ class Transport(ABC):
     def isend(self, buf: np.ndarray, peer: int, tag: int) -> Request:
         """Start sending ``buf``; it must not change until the request completes."""
 
+    def isend_p2p(self, buf: np.ndarray, peer: int, tag: int) -> Request:
+        """isend for a user's send (``comm.send``): ``buf`` is the caller's own array, untouched
+        until the request completes (MPI_Isend's rule), so a transport may have the receiver read
+        it in place at sizes where that beats a copy (shm: CMA, or a pipe where CMA is off).
+        A collective's sends get that only for the arrays it stages."""
+        return self.isend(buf, peer, tag)
+
     @abstractmethod
     def irecv(self, buf: np.ndarray, peer: int, tag: int) -> Request:
         """Start receiving exactly ``buf.nbytes`` bytes into ``buf``."""
@@ -107,16 +114,15 @@ class Transport(ABC):
         keeps results bitwise identical across ranks."""
         return ReduceOnWait(self.irecv(scratch, peer, tag), buf, scratch, reduce, own)
 
-    def stages(self, nbytes: int, p2p: bool = False) -> bool:
+    def stages(self, nbytes: int) -> bool:
         """Whether ``stage`` does anything for host arrays of at most ``nbytes`` (False: a caller
         may skip it; entering it costs several microseconds, a send of 1 KiB not many more)."""
         return False
 
     @contextlib.contextmanager
-    def stage(self, arrays: tuple, p2p: bool = False) -> Iterator[None]:
-        """Bracket one collective (``p2p``: one send): ``arrays`` are the flat arrays it sends
-        from and receives into (its named buffers). Sends may come from any of them, receives
-        land in them directly."""
+    def stage(self, arrays: tuple) -> Iterator[None]:
+        """Bracket one collective: ``arrays`` are the flat arrays it sends from and receives into
+        (its named buffers). Sends may come from any of them, receives land in them directly."""
         yield
 
     def probe(self, source: Optional[int], tag: Optional[int] = None, context: int = 0) -> Optional[tuple]:

@@ -67,6 +67,11 @@ class RoutedTransport(Transport):
             return _BouncedSend(self.routes[peer], buf, peer, tag)
         return self._device.isend(buf, peer, tag)
 
+    def isend_p2p(self, buf, peer: int, tag: int):
+        if type(buf) is np.ndarray or not is_device_array(buf):
+            return self.routes[peer].isend_p2p(buf, peer, tag)
+        return self.isend(buf, peer, tag)
+
     def irecv(self, buf, peer: int, tag: int):
         if type(buf) is np.ndarray or not is_device_array(buf):
             return self.routes[peer].irecv(buf, peer, tag)
@@ -95,18 +100,18 @@ class RoutedTransport(Transport):
                 return found
         return None
 
-    def stages(self, nbytes, p2p=False):
-        return any(t.stages(nbytes, p2p) for t in self.transports)
+    def stages(self, nbytes):
+        return any(t.stages(nbytes) for t in self.transports)
 
     @contextlib.contextmanager
-    def stage(self, arrays, p2p=False):
+    def stage(self, arrays):
         if arrays and is_device_array(arrays[0]) and self.routes:
-            with self.device_transport().stage(arrays, p2p):
+            with self.device_transport().stage(arrays):
                 yield
             return
         with contextlib.ExitStack() as stack:
             for t in self.transports:
-                stack.enter_context(t.stage(arrays, p2p))
+                stack.enter_context(t.stage(arrays))
             yield
 
     # ---- the device route --------------------------------------------------------------------------

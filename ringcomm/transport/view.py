@@ -44,6 +44,10 @@ class TransportView(Transport):
         self._check()
         return self.base.isend(buf, self.members[peer], tag | self._shift)
 
+    def isend_p2p(self, buf, peer, tag):
+        self._check()
+        return self.base.isend_p2p(buf, self.members[peer], tag | self._shift)
+
     def irecv(self, buf, peer, tag):
         self._check()
         return self.base.irecv(buf, self.members[peer], tag | self._shift)
@@ -52,11 +56,11 @@ class TransportView(Transport):
         self._check()
         return self.base.irecv_reduce(buf, self.members[peer], tag | self._shift, reduce, scratch, own)
 
-    def stages(self, nbytes, p2p=False):
-        return self.base.stages(nbytes, p2p)
+    def stages(self, nbytes):
+        return self.base.stages(nbytes)
 
-    def stage(self, arrays, p2p=False):
-        return self.base.stage(arrays, p2p)
+    def stage(self, arrays):
+        return self.base.stage(arrays)
 
     def probe(self, source, tag=None, context=0):
         found = self.base.probe(None if source is None else self.members[source],

@@ -6,7 +6,6 @@ MPI, big tags, threads, window regions, mismatches, timeouts and aborts.
 Runs with direct reads of private memory (CMA) or, under RINGCOMM_SHM_CMA=0, without.
 """
 import shm_guard  # noqa: F401  (first: a failure on one rank ends the job)
-import contextlib
 import gc
 import threading
 import time
@@ -104,26 +103,30 @@ with t.stage((plain,)):
 assert np.array_equal(got, plain[:1000] - rank + left)
 t.cma_min_bytes = 1 << 60
 
-# 3c. A send (comm.send stages with p2p=True) is read by CMA from cma_p2p_min_bytes, far below a
-#     collective's floor: one copy instead of two, and no reduction to keep in cache.
+# 3c. A user's send (comm.send: isend_p2p) is read by CMA from cma_p2p_min_bytes, far below a
+#     collective's floor: one copy instead of two, and no reduction to keep in cache. Below the
+#     floor, and for a plain isend (a collective's, unstaged), it goes through the pool.
 floor = t.cma_p2p_min_bytes
-assert floor < t.cma_min_bytes and t.stages(floor, p2p=True) == (LARGE != POOL)
-assert not t.stages(floor - 1, p2p=True) and not t.stages(floor)
+assert floor < t.cma_min_bytes and t.reads_in_place(floor) == (LARGE != POOL)
+assert not t.reads_in_place(floor - 1) and not t.stages(floor)
 message = np.arange(floor // 8, dtype=np.float64) * (rank + 1)
 got = np.zeros_like(message)
-with t.stage((message,), p2p=True):
-    s = t.isend(message, right, 15)
-    both(t.irecv(got, left, 15), s)
+s = t.isend_p2p(message, right, 15)
+both(t.irecv(got, left, 15), s)
 assert s.seg == LARGE, s.seg
 assert np.array_equal(got, np.arange(floor // 8) * (left + 1.0))
-assert not t._staged and not t._piped   # the range is released with the stage
+assert not t._staged
+for send in (lambda: t.isend_p2p(message[:-1], right, 15), lambda: t.isend(message, right, 15)):
+    s = send()
+    got = np.zeros(s.buf.size)
+    both(t.irecv(got, left, 15), s)
+    assert s.seg == POOL and np.array_equal(got, np.arange(got.size) * (left + 1.0)), s.seg
 # A send read by CMA whose request and array the caller dropped before the receiver came (a
 # communicator closed with it unmatched): the transport holds the array until it is acknowledged,
 # so the receiver never reads memory that was freed and reused.
 message = np.full(floor // 8, 3.0 + rank)
 held = weakref.ref(message)
-with t.stage((message,), p2p=True):
-    t.isend(message, right, 16)
+t.isend_p2p(message, right, 16)
 del message
 gc.collect()
 assert held() is not None or t.direct_reads != "cma"
@@ -143,33 +146,29 @@ if t._pipe_ok:
     for nbytes in (floor, floor + 12_345, 3 * floor + 7):
         message = (np.arange(nbytes) * (rank + 3) % 251).astype(np.uint8)
         got = np.zeros(nbytes, np.uint8)
-        with t.stage((message,), p2p=True):
-            s = t.isend(message, right, 18)
-            both(t.irecv(got, left, 18), s)
+        s = t.isend_p2p(message, right, 18)
+        both(t.irecv(got, left, 18), s)
         assert s.seg == PIPE and np.array_equal(got, (np.arange(nbytes) * (left + 3) % 251).astype(np.uint8))
     first, second = np.full(floor // 8, 1.0 + rank), np.full(floor // 8 + 5, 2.0 + rank)
     got1, got2 = np.zeros_like(first), np.zeros_like(second)
-    with t.stage((first, second), p2p=True):
-        s1, s2 = t.isend(first, right, 19), t.isend(second, right, 20)
-        assert s1.seg == s2.seg == PIPE, (s1.seg, s2.seg)
-        r2 = t.irecv(got2, left, 20)
-        assert r2.wait(30)
-        r1 = t.irecv(got1, left, 19)
-        assert r1.wait(30) and s1.wait(30) and s2.wait(30)
+    s1, s2 = t.isend_p2p(first, right, 19), t.isend_p2p(second, right, 20)
+    assert s1.seg == s2.seg == PIPE, (s1.seg, s2.seg)
+    r2 = t.irecv(got2, left, 20)
+    assert r2.wait(30)
+    r1 = t.irecv(got1, left, 19)
+    assert r1.wait(30) and s1.wait(30) and s2.wait(30)
     assert np.all(got1 == 1.0 + left) and np.all(got2 == 2.0 + left)
     strided = np.zeros(2 * (floor // 8))
     message = np.arange(floor // 8, dtype=np.float64) + rank
-    with t.stage((message,), p2p=True):
-        both(t.irecv(strided[::2], left, 21), t.isend(message, right, 21))
+    both(t.irecv(strided[::2], left, 21), t.isend_p2p(message, right, 21))
     assert np.array_equal(strided[::2], np.arange(floor // 8) + left) and not strided[1::2].any()
     compiled = pipe.enabled
     if rank % 2:
         pipe.enabled = lambda: False   # this rank's receives empty the cells in Python
     message = np.arange(floor // 4 + 3, dtype=np.float32) * (rank + 1)
     got = np.zeros_like(message)
-    with t.stage((message,), p2p=True):
-        s = t.isend(message, right, 22)
-        both(t.irecv(got, left, 22), s)
+    s = t.isend_p2p(message, right, 22)
+    both(t.irecv(got, left, 22), s)
     pipe.enabled = compiled
     assert s.seg == PIPE and np.array_equal(got, np.arange(floor // 4 + 3, dtype=np.float32) * (left + 1))
     world.Barrier()
@@ -254,8 +253,8 @@ for source in ("segment", "pool", "mpi", "cma"):
     payload = {"segment": buf[:4], "pool": np.ones(4), "mpi": np.ones(t.pool_share // 8 + 1),
                "cma": np.ones(t.cma_p2p_min_bytes // 8)}[source]
     into = np.zeros(3)
-    with t.stage((payload,), p2p=True) if source == "cma" else contextlib.nullcontext():
-        r, s = t.irecv(into, left, 10), t.isend(payload, right, 10)
+    r = t.irecv(into, left, 10)
+    s = t.isend_p2p(payload, right, 10) if source == "cma" else t.isend(payload, right, 10)
     if source == "cma":
         assert s.seg == LARGE, s.seg
     try:
@@ -276,8 +275,7 @@ world.Barrier()
 #     (a peer may receive it later, out of this process), even with every reference dropped.
 late = np.full(t.cma_p2p_min_bytes // 8, 1.0)
 kept = weakref.ref(late)
-with t.stage((late,), p2p=True):
-    t.isend(late, right, 17)
+t.isend_p2p(late, right, 17)
 del late
 world.Barrier()
 

@@ -6,9 +6,10 @@ from there into its own buffer, then acknowledges. Where the payload is read fro
 sender's decision, per send:
 
 - the send's range lies in a segment from ``allocate`` (DDP buckets): read in place;
-- it lies in an array of a collective of at least ``cma_min_bytes`` (a send of at least
-  ``cma_p2p_min_bytes``) staged with ``stage`` and the node can use CMA: read out of the
-  sender's process (cma.py);
+- it lies in an array of a collective of at least ``cma_min_bytes`` staged with ``stage``, or
+  it is a user's send (``isend_p2p``) of at least ``cma_p2p_min_bytes``, and the node can use
+  CMA: read out of the sender's process (cma.py); such a send goes through a pipe (pipe.py)
+  where the node cannot;
 - otherwise: copied into this rank's staging pool (staging.py), read from there (a
   ``comm.send`` is done for its caller once this copy is published: ``buffered``);
 - the pool has no room for it and must not wait (staging.py says when), or it is larger than a
@@ -115,8 +116,14 @@ class _Send(Request):
     def buffered(self) -> bool:
         # Published into the pool (or empty): the caller's array was copied when it was, and
         # the transport holds the request (_inflight) until the receiver acknowledges.
-        if self.num >= 0 and (self.pooled or self.seg == EMPTY) and self.mpi is None and self.pipe is None:
-            return True
+        if self.num >= 0 and self.mpi is None and self.pipe is None:
+            if self.pooled or self.seg == EMPTY:
+                return True
+            # Read in place by its receiver (CMA, a data segment): only the receiver's
+            # acknowledgement completes it, which no progress pass of this rank hastens (at 4 MiB
+            # the pass cost 5-13 us on the path of every send, with caches cold from the copy).
+            if not self.t._out[self.peer].acked(self.slot, self.num):
+                return False
         return self.test()
 
     def passive(self) -> bool:
@@ -212,7 +219,6 @@ class ShmTransport(Transport):
         self._data: dict = {}                          # seg_id -> Segment: sends from it are read in place
         self._peers: dict = {}                         # (node rank, seg_id) -> that rank's mapping
         self._staged: list = []                        # [start, end) of staged arrays read by CMA
-        self._piped: list = []                         # [start, end) of staged sends that go through a pipe
         self._pipes: list = []                         # pipe sends published and not yet all in their ring
         self._out_ord = [defaultdict(int) for _ in range(self.n)]
         self._in_ord = [defaultdict(int) for _ in range(self.n)]
@@ -479,42 +485,40 @@ class ShmTransport(Transport):
                 return seg.seg_id, addr - seg.addr
         return None
 
-    def stages(self, nbytes: int, p2p: bool = False) -> bool:
-        if p2p:
-            return bool((self._direct or self._pipe_ok) and nbytes and nbytes >= self.cma_p2p_min_bytes)
+    def stages(self, nbytes: int) -> bool:
         return bool(self._direct and nbytes and nbytes >= self.cma_min_bytes)
 
+    def reads_in_place(self, nbytes: int) -> bool:
+        """Whether a user's send of ``nbytes`` (``isend_p2p``) is read out of the sender's array
+        (CMA) or goes through a pipe, rather than through the staging pool."""
+        return bool((self._direct or self._pipe_ok) and nbytes and nbytes >= self.cma_p2p_min_bytes)
+
     @contextlib.contextmanager
-    def stage(self, arrays: tuple, p2p: bool = False):
+    def stage(self, arrays: tuple):
         """Bracket one collective over ``arrays`` (the flat arrays it sends from and receives
-        into), or one send (``p2p``). Receives land in them directly. If the collective is at
-        least ``cma_min_bytes`` and the node reads by CMA, peers read what this rank sends from
-        them straight out of this process; a send of at least ``cma_p2p_min_bytes`` goes through a
-        pipe (pipe.py) where this process has one, else by CMA; other sends from private memory
-        go through the staging pool."""
+        into). Receives land in them directly. If the collective is at least ``cma_min_bytes``
+        and the node reads by CMA, peers read what this rank sends from them straight out of
+        this process; other sends from private memory go through the staging pool."""
         largest = 0
         for a in arrays:
             self._check_array(a)
             largest = max(largest, a.nbytes)
-        if not self.stages(largest, p2p):
+        if not self.stages(largest):
             yield
             return
         ranges = [(address(a), address(a) + a.nbytes) for a in arrays if a.nbytes]
-        staged = self._piped if p2p and self._pipe_ok else self._staged
         with self._lock:
-            staged.extend(ranges)
+            self._staged.extend(ranges)
         try:
             yield
         finally:
             with self._lock:
                 for r in ranges:
-                    staged.remove(r)
+                    self._staged.remove(r)
 
-    def _piped_send(self, req: _Send, addr: int) -> bool:
-        """Give ``req`` a pipe if it was staged for one and its pool share has room for a ring
-        (lock held); else it goes the way it would have without one."""
-        if not _covers(self._piped, addr, req.buf.nbytes):
-            return False
+    def _piped_send(self, req: _Send) -> bool:
+        """Give ``req`` a pipe if its pool share has room for a ring (lock held); else it goes the
+        way it would have without one."""
         share = self.pool.shares[req.peer]
         off = None if share.waiting else share.take(pipe.RING_BYTES, req.tag)
         if off is None:
@@ -533,7 +537,7 @@ class ShmTransport(Transport):
             raise CommError(f"shm transport on rank {self.rank}: rank {peer} is not on this node "
                             f"(node ranks {self.ranks})") from None
 
-    def isend(self, buf, peer, tag):
+    def isend(self, buf, peer, tag, in_place: bool = False):
         p = self._node_rank(peer)
         if not 0 <= tag < TAG_LIMIT:
             raise UsageError(f'isend got unexpected value for argument "tag" (expected 0 <= tag < 2**62, '
@@ -543,9 +547,14 @@ class ShmTransport(Transport):
             ordinal = self._out_ord[p][tag]
             self._out_ord[p][tag] = ordinal + 1
             req = _Send(self, p, tag, ordinal, buf)
-            self._route(req)
+            self._route(req, in_place)
             self._flush(p)
         return req
+
+    def isend_p2p(self, buf, peer, tag):
+        # Routed by this flag, not by a staged range: entering and leaving a stage (the ranges,
+        # the lock twice, two context managers) was a third of a 4 MiB send's post.
+        return self.isend(buf, peer, tag, in_place=True)
 
     def irecv(self, buf, peer, tag):
         return self._post(buf, peer, tag, None, None)
@@ -566,21 +575,22 @@ class ShmTransport(Transport):
         self._consume(req)
         return req
 
-    def _route(self, req: _Send) -> None:
-        """Decide where the peer reads ``req``'s payload; queue it for a slot unless it waits for
-        pool room (lock held)."""
+    def _route(self, req: _Send, in_place: bool = False) -> None:
+        """Decide where the peer reads ``req``'s payload (``in_place``: a user's send, which may
+        be read out of its array); queue it for a slot unless it waits for pool room (lock held)."""
         buf = req.buf
         nbytes = buf.nbytes
         if not nbytes:
             req.seg = EMPTY
         else:
-            addr = address(buf)
-            found = self._locate(addr, nbytes) if buf.flags.c_contiguous else None   # peers read one range
+            addr, contiguous = address(buf), buf.flags.c_contiguous   # peers read one range
+            in_place = in_place and contiguous and self.reads_in_place(nbytes)
+            found = self._locate(addr, nbytes) if contiguous else None
             if found is not None:
                 req.seg, req.off = found
-            elif self._piped and buf.flags.c_contiguous and self._piped_send(req, addr):
+            elif in_place and self._pipe_ok and self._piped_send(req):
                 pass
-            elif self._staged and buf.flags.c_contiguous and _covers(self._staged, addr, nbytes):
+            elif (in_place and self._direct) or (self._staged and contiguous and _covers(self._staged, addr, nbytes)):
                 req.seg, req.off = CMA, addr
             else:
                 if self.pool is not None:
