@@ -31,6 +31,7 @@ RANK_CHECKS = {
     "split": "device collectives on comm.split() and comm.dup(), CUDA IPC among their members",
     "streams": "the caller's side stream is waited for, results visible on another stream",
     "memory": "staging pool larger than one share, device memory back to baseline after close",
+    "p2p-first": "a device send before any device collective, received by one rank: through host, no handshake",
     "validation": "mixed devices and host-only algorithms refused before a sequence number is taken",
     "mpi-refusal": "backend 'mpi' refuses device memory with a UsageError naming the backends that take it",
     "fault": "count mismatch and a peer's abort on device collectives: errors with the reason, in seconds",

@@ -338,6 +338,31 @@ def _refused(call, *needles) -> str:
     raise AssertionError("accepted")
 
 
+def check_p2p_first(ctx) -> str:
+    """The CUDA IPC transport is set up by a handshake of every rank of the node, so only a
+    collective (which every rank joins) may create it; a send before it exists bounces through
+    host memory (transport/routed.py). One rank sends, one receives, the rest do neither: a
+    handshake started by the send would wait for ranks that never come."""
+    if ctx.size == 1:
+        raise Skip("one rank: nobody to send to")
+    import ringcomm
+    comm = ringcomm.init(timeout=30)
+    n = 1 << 20   # 4 MiB: a host send this large is read in place, a device one is not
+    x = ctx.on_device(np.full(n, 7.0, np.float32))
+    got = ctx.cupy.zeros(n, np.float32)
+    start = time.monotonic()
+    if ctx.rank == 0:
+        comm.send(x, 1)
+    elif ctx.rank == 1:
+        comm.recv(got, 0)
+        assert bool((got == 7.0).all()), "4 MiB device send before any collective"
+    took = time.monotonic() - start
+    assert comm.transport._device is None, "a send set up the CUDA IPC transport"
+    comm.barrier()
+    comm.close()
+    return f"rank 0 -> 1, 4 MiB in {took:.2f} s through host memory, no CUDA IPC transport set up"
+
+
 def check_validation(ctx) -> str:
     import ringcomm
     comm, cp = ctx.comm, ctx.cupy
@@ -591,6 +616,7 @@ CHECKS = {
     "split": needs_ipc(check_split),
     "streams": needs_ipc(check_streams),
     "memory": needs_ipc(check_memory),
+    "p2p-first": check_p2p_first,
     "validation": check_validation,
     "mpi-refusal": check_mpi_refusal,
     "fault": needs_ipc(check_fault),

@@ -65,6 +65,8 @@ CHECKS = [
     ("streams", [], "defect4"),
     # defect 6: the stand-in records a free while a peer still maps the memory
     ("memory", ["no malloc or IPC mapping left"], "defect6"),
+    # a device send before any collective must not start the node's CUDA IPC handshake
+    ("p2p-first", ["no CUDA IPC transport set up"], "send-before-setup"),
     # defects 7 and 8, across processes
     ("validation", ["out on another device", "RINGCOMM_ALGO"], "defects7-8"),
     # defect 2: send/recv too (mpi4py would have handed MPI a device pointer)
