@@ -17,7 +17,7 @@ short or overlong copy; an even call needs no such round (the stamp carries the 
 Bytes per rank: (n-1)/n S written, (n-1)/n S read, S/n copied (S = a rank's input). Cost:
 ceil(S (n-1)/n / C) alpha_w + 2 (n-1)/n S beta_w on the window link, beta_w from cache while
 every rank's input fits in half of it (Network.window_beta: since its rounds run compiled,
-one_shot measured 0.7-0.9x direct's time at 1-8 MiB on 2 ranks; the own block's copy, which
+one_shot measured 0.6-0.9x direct's time at 1-8 MiB on 2 ranks; the own block's copy, which
 the direct all-to-all makes too, is left out of both, as it decides nothing between them).
 """
 from __future__ import annotations
