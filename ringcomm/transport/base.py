@@ -114,11 +114,6 @@ class Transport(ABC):
         keeps results bitwise identical across ranks."""
         return ReduceOnWait(self.irecv(scratch, peer, tag), buf, scratch, reduce, own)
 
-    def stages(self, nbytes: int) -> bool:
-        """Whether ``stage`` does anything for host arrays of at most ``nbytes`` (False: a caller
-        may skip it; entering it costs several microseconds, a send of 1 KiB not many more)."""
-        return False
-
     @contextlib.contextmanager
     def stage(self, arrays: tuple) -> Iterator[None]:
         """Bracket one collective: ``arrays`` are the flat arrays it sends from and receives into

@@ -100,9 +100,6 @@ class RoutedTransport(Transport):
                 return found
         return None
 
-    def stages(self, nbytes):
-        return any(t.stages(nbytes) for t in self.transports)
-
     @contextlib.contextmanager
     def stage(self, arrays):
         if arrays and is_device_array(arrays[0]) and self.routes:

@@ -56,9 +56,6 @@ class TransportView(Transport):
         self._check()
         return self.base.irecv_reduce(buf, self.members[peer], tag | self._shift, reduce, scratch, own)
 
-    def stages(self, nbytes):
-        return self.base.stages(nbytes)
-
     def stage(self, arrays):
         return self.base.stage(arrays)
 

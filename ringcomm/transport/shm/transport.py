@@ -486,6 +486,7 @@ class ShmTransport(Transport):
         return None
 
     def stages(self, nbytes: int) -> bool:
+        """Whether ``stage`` marks arrays of a collective as large as ``nbytes`` to be read by CMA."""
         return bool(self._direct and nbytes and nbytes >= self.cma_min_bytes)
 
     def reads_in_place(self, nbytes: int) -> bool:
