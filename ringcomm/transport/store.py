@@ -11,7 +11,7 @@ an MPI communicator and a ``StoreComm`` serve alike (shm/ and cuda_ipc.py are un
   node.py's rows name their handshake, so ranks that disagree are told so); ``Test()`` checks,
   without blocking, that every rank's key exists, then reads them;
 - ``Isend(buf, dest, tag)``, ``Irecv(buf, source, tag)``: the payloads the staging pool cannot
-  hold ("payload over MPI", shm/transport.py). They go over gloo point-to-point on the same
+  hold ("payload over MPI", shm/messages.py). They go over gloo point-to-point on the same
   store (torch ships gloo), on a ProcessGroupGloo of the node's ranks made at setup (its
   constructor is collective over them) on the loopback interface. gloo keeps messages of one
   pair and tag in order, which is all the pairing of payloads with descriptors relies on; a

@@ -19,7 +19,7 @@ CONTEXT_SHIFT = 32
 
 class TransportView(Transport):
     def __init__(self, base: Transport, members: list, context: int, window=None):
-        # Context ids are hashes of the split path (communicator._context_id): two live views of
+        # Context ids are hashes of the split path (subcommunicators._context_id): two live views of
         # one transport with the same id would read each other's messages. Refuse, never mix.
         live = getattr(base, "_view_contexts", None)
         if live is None:

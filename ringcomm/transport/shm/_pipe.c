@@ -16,7 +16,7 @@
  * read before it is written nor overwritten before it is read, on any CPU.
  *
  * Nothing here waits without bound: pull returns after ``spin`` seconds without progress and
- * the Python caller (transport/shm/transport.py) decides whether the peer is late, gone or past
+ * the Python caller (transport/shm/messages.py) decides whether the peer is late, gone or past
  * the deadline, and calls again.
  */
 #define PY_SSIZE_T_CLEAN

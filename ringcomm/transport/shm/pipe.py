@@ -1,6 +1,6 @@
 """Large sends through a ring of cells: the sender fills cells while its receiver empties them.
 
-On a node that cannot read by CMA (where it can, one CMA copy beats two: transport.py), a
+On a node that cannot read by CMA (where it can, one CMA copy beats two: messages.py), a
 ``comm.send`` of at least ``cma.P2P_MIN_BYTES`` (a rendezvous send: it completes when its
 receiver has the bytes, like MPI's above its eager limit) takes a ring of CELLS cells of CELL
 bytes from its staging-pool share and goes through it chunk by chunk (_pipe.c says why and
