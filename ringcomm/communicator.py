@@ -5,12 +5,11 @@ before any byte moves) -> the engine takes the next sequence number and runs the
 order (inline, or on the progress thread) -> local work before (premul scaling) -> the backend
 seam ``_collective`` (here: choose an algorithm, fetch the rank's compiled program, run it over
 the transport; reference backends call their library instead) -> local work after (avg).
-Point-to-point calls are posted in issue order and complete on their own (core/progress.py).
+Point-to-point calls are posted in issue order and complete on their own (point_to_point.py,
+core/progress.py); sub-communicators are subcommunicators.py.
 """
 from __future__ import annotations
 
-import functools
-import hashlib
 import logging
 import threading
 import time
@@ -22,26 +21,25 @@ from . import algorithms, env
 from .collectives import (ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, BARRIER, BROADCAST, GATHER, RECV, REDUCE,
                           REDUCE_SCATTER, SCATTER, SEND, Call)
 from .core import executor
-from .core.envelope import (ABORT_TAG, Envelope, describe_p2p_mismatch, p2p_tag, register_collective, static_bits,
+from .core.envelope import (ABORT_TAG, Envelope, static_bits,
                             window_stamp)
 from .core.ops import reducer
-from .core.progress import Engine, Pending, deadline_of, settle
-from .core.schedule import DEFAULT_SEGMENT_BYTES, Recv, Send, Shape
+from .core.progress import Engine
+from .core.schedule import DEFAULT_SEGMENT_BYTES
 from .core.streams import scope_for
 from .diagnostics import preflight
 from .diagnostics.flight_recorder import FlightRecorder
-from .errors import CommError, CommTimeoutError, MismatchError, PeerAbortedError, UsageError, bad_type, bad_value
+from .errors import CommError, CommTimeoutError, PeerAbortedError, UsageError, bad_type, bad_value
 from .persistent import _SLOW, NO_LAST, FastCalls, Persistent
+from .point_to_point import PointToPoint
 from .selection.selector import Selector
+from .subcommunicators import _SPLIT, SubCommunicators
 from .transport.base import Transport
 from .transport.devices import cupy_installed
-from .transport.polling import wait_polling
 from .work import Work
 
 DEFAULT_TIMEOUT = 300.0
 PLAN_MEMO = 1024   # distinct call shapes remembered; a training loop repeats a handful
-SPLIT_CODE = 11    # the envelope code of comm.split()'s exchange
-register_collective(SPLIT_CODE, "split")
 _log = logging.getLogger("ringcomm.selector")
 
 
@@ -58,7 +56,7 @@ class _Plan(NamedTuple):
     word: int = 0              # what a window round carries beside its stamp (Collective.window_word)
 
 
-class Communicator:
+class Communicator(PointToPoint, SubCommunicators):
     backend = "ringcomm"
 
     def __init__(self, transport: Transport, *, timeout: Optional[float] = DEFAULT_TIMEOUT,
@@ -191,82 +189,6 @@ class Communicator:
         """A communicator of the same ranks with its own sequence numbers and tags: for a second
         thread that runs collectives of its own (collective over this communicator)."""
         return self.split(0, self.rank)
-
-    def _rows(self, seq: int, what: str, row: list) -> np.ndarray:
-        """Every rank's int64 ``row`` (same length everywhere), as a (size, len) table: the
-        exchange of split and _group, under split's envelope code."""
-        width = len(row)
-        table = np.zeros(width * self.size, np.int64)
-        table[width * self.rank:width * (self.rank + 1)] = row
-        program = algorithms.plan("all_gather", "ring", self.rank, Shape(self.size, table.size, seg=table.size))
-        executor.run(program, self.transport, (table, table, None), None,
-                     envelope=Envelope(seq, SPLIT_CODE, "int64", table.size), timeout=self.timeout,
-                     what=f"{what} #{seq}")
-        return table.reshape(self.size, width)
-
-    def _split(self, seq: int, color: Optional[int], key: int) -> Optional["Communicator"]:
-        rows = self._rows(seq, "split", [-1 if color is None else color, key, self._window_slots()])
-        self._splits += 1
-        groups: dict = {}
-        for r in range(self.size):
-            if rows[r, 0] >= 0:
-                groups.setdefault(int(rows[r, 0]), []).append(r)
-        for members in groups.values():
-            members.sort(key=lambda r: (int(rows[r, 1]), r))
-        members = groups.get(color) if color is not None else None
-        path = self.context + ((self._splits, color),)
-        slot = None
-        if members is not None:
-            free = int(np.bitwise_and.reduce(rows[members, 2])) if members else 0
-            slot = (free & -free).bit_length() - 1 if free else None
-        transport = self.transport.split(members, color, key, _context_id(path), slot)
-        if members is None:
-            return None
-        nodes = None if self.topology is None else tuple(self.topology.node_of[r] for r in members)
-        from .topology import Topology
-        topology = None if nodes is None else Topology.from_names(members.index(self.rank), nodes)
-        return type(self)._sub(self, transport, topology, path)
-
-    def _group(self, members, key: str, *, agree: bool = True) -> "Communicator":
-        """MPI_Comm_create_group: a communicator of ``members`` (ranks of this one, in the new
-        communicator's order), made by the members alone: ranks outside it do not call this.
-        ``key`` names the group identically on every member (torch's group name); the context id
-        that keeps its messages apart derives from it, so members agree without asking anyone.
-        Its first collective checks that every member made the same group, and agrees on a
-        shared-window slot for one-shot all-reduces. ``agree=False`` skips that exchange: for a
-        communicator that only carries point-to-point messages (it takes no window slot)."""
-        members = _member_list(members, self.size, self.rank)
-        if not isinstance(key, str) or not key:
-            raise bad_value("_group", "key", "a non-empty str naming the group on every member", key)
-        with self.engine.state:
-            self._check_usable("_group")
-        path = self.context + (("group", key),)
-        transport = self.transport.group(members, _context_id(path))
-        nodes = None if self.topology is None else tuple(self.topology.node_of[r] for r in members)
-        from .topology import Topology
-        topology = None if nodes is None else Topology.from_names(members.index(self.rank), nodes)
-        sub = self._sub(transport, topology, path)
-        if not agree:
-            return sub
-        fingerprint = _context_id((key, tuple(members)))
-        call = Call(_SPLIT, None, None, dtype=None, count=0, result=None)
-        sub._submit(call, lambda seq: sub._agree(seq, fingerprint, members), async_op=False)
-        return sub
-
-    def _agree(self, seq: int, fingerprint: int, members: list) -> None:
-        rows = self._rows(seq, "group", [fingerprint, self._window_slots()])
-        odd = [members[r] for r in range(self.size) if rows[r, 0] != fingerprint]
-        if odd:
-            raise MismatchError(f"group #{seq} on rank {self.rank}: ranks {odd} of {members} made another "
-                                f"group under this name (their members or name differ)")
-        free = int(np.bitwise_and.reduce(rows[:, 1]))
-        if free:
-            self.transport.open_window((free & -free).bit_length() - 1)
-
-    def _window_slots(self) -> int:
-        """Bit mask of the shared-window slots this rank can still give a sub-communicator."""
-        free = getattr(self.transport, "free_window_slots", None)
-        return 0 if free is None else free()
 
     def _sub(self, transport, topology, path) -> "Communicator":
         return Communicator(transport, timeout=self.timeout, selector=self.selector,
@@ -617,218 +539,3 @@ class Communicator:
         window = self.transport.window
         if first and window is not None:   # after the notices: a peer that sees the poison finds why
             window.poison()
-
-    # ---- point to point ---------------------------------------------------------------------------
-    def _point_to_point(self, call: Call, async_op: bool):
-        """Post in issue order, complete on its own (core/progress.py)."""
-        engine = self.engine
-        scope = scope_for(call)   # device memory: posted and tested under its device and stream
-        with engine.state:
-            self._check_usable(call.name)
-            engine.admit(f"{call.name} on rank {self.rank}")
-            self._seq_p2p += 1
-            seq = self._seq_p2p
-            entry = self.recorder.record_p2p(seq, call.name, call.peer, call.tag, call.count, call.dtype.name)
-            # With nothing issued earlier still to post, the call is posted right here (two thread
-            # hand-offs cost more than a message); a blocking one also completes here, an async
-            # one is left to the progress thread.
-            inline = scope is None and engine.idle()
-            if inline:
-                engine.outstanding += 1
-            # spelled only if read; of the call it keeps no buffer (a finished Work lets go of them)
-            what = functools.partial(_p2p_description, call.name, seq, call.peer, call.tag, self.rank)
-            work = Work(what)
-            work._result = call.result
-
-            if not inline:   # posted by the progress thread when its turn comes
-                engine.enqueue(lambda: self._post_async(call, work, entry, scope))
-        if inline and async_op:
-            self._post_async(call, work, entry)
-            return work
-        if async_op:
-            return work
-        if inline:
-            try:
-                result = self._point_to_point_inline(call, work, entry)
-            finally:
-                engine.done()
-        else:
-            result = work.wait()
-        return (result, work.source) if call.name == "recv" and call.peer is None else result
-
-    def _post_async(self, call: Call, work: Work, entry, scope=None) -> None:
-        """Post a send or receive whose Work the progress thread (or a thread waiting on it)
-        completes: from the caller's thread, or from the progress thread when its turn comes.
-        ``scope``: device memory's DeviceScope, around the post and every test."""
-        engine = self.engine
-        try:
-            self._refuse_if_broken(work)
-            entry.started = time.monotonic()
-            with engine.exec:
-                if scope is None:
-                    test, cancel, passive = self._post(call, work)
-                else:
-                    with scope:
-                        test, cancel, passive = self._post(call, work)
-                    test = scope.wrap(test)
-                # A send copied out of the caller's array as it was posted (the threads
-                # transport, shm's pool: Request.buffered) is done already: finished here, it
-                # costs the progress thread no wake-up and its waiter no hand-off.
-                sent = call.name == "send" and test()
-        except BaseException as err:
-            settle(entry, work, f"failed: {type(err).__name__}")
-            engine.done()
-            work._finish(None, err)
-            return
-        if sent:
-            settle(entry, work, "done")
-            engine.done()
-            work._finish(work._result, None)
-            return
-        entry.state = "posted"
-        with engine.state:
-            engine.watch(Pending(_with_deadline(test, self.timeout, work), cancel, work, entry), wake=not passive())
-
-    def _refuse_if_broken(self, work: Work) -> None:
-        if self._broken is not None:
-            raise CommError(f"{work.description}: not posted: the communicator failed earlier: {self._broken}")
-
-    def _point_to_point_inline(self, call: Call, work: Work, entry):
-        """Post and complete one blocking send or receive in the caller's thread."""
-        try:
-            self._refuse_if_broken(work)
-            entry.started = time.monotonic()
-            with self.engine.exec:
-                test, _, _ = self._post(call, work)
-                entry.state = "posted"
-                wait_polling(_with_deadline(test, self.timeout, work), None)   # raises at the deadline
-        except BaseException as err:
-            settle(entry, work, f"failed: {type(err).__name__}")
-            if isinstance(err, CommError):
-                self._fail(err)
-            raise
-        settle(entry, work, "done")
-        return call.result
-
-    def _post(self, call: Call, work: Work) -> tuple:
-        """Post one send or receive; return (the test the progress thread polls until it is done,
-        what withdraws it, whether its peer finishes it alone: Request.passive)."""
-        transport, flat = self.transport, (call.inp if call.name == "send" else call.out).flat
-        tag = p2p_tag(call.dtype.name, call.tag)
-        deadline = deadline_of(self.timeout)
-        watch = _P2PWatch(self, call, work, deadline)
-        if call.name == "send":
-            # The caller's array stays untouched until the send completes (``send``'s rule), so
-            # from 4 MiB on (cma.P2P_MIN_BYTES) the receiver reads it straight out of this
-            # process (CMA), or where CMA is off through a pipe (shm/pipe.py), instead of
-            # through the staging pool or MPI (Transport.isend_p2p).
-            request = transport.isend_p2p(flat, call.peer, tag)
-
-            def sent() -> bool:
-                return request.buffered() or watch.stalled(call.peer, Send(call.peer, 0, call.count))
-            return sent, request.cancel, request.passive
-        if call.peer is not None:
-            work.source = call.peer
-            request = transport.irecv(flat, call.peer, tag)
-            return (lambda: request.test() or watch.stalled(call.peer, Recv(call.peer, 0, call.count)),
-                    request.cancel, not_passive)
-        found: list = []
-
-        def any_source() -> bool:   # find the first message under this tag, then receive it
-            if not found:
-                hit = transport.probe(None, tag)
-                if hit is None:
-                    return watch.stalled(None, Recv(-1, 0, call.count))
-                work.source = hit[0]
-                found.append(transport.irecv(flat, hit[0], tag))
-            return found[0].test() or watch.stalled(work.source, Recv(work.source, 0, call.count))
-        return any_source, lambda: found and found[0].cancel(), not_passive
-
-
-def not_passive() -> bool:
-    """A receive (or a reference library's send) is never passive: it moves only while this rank
-    tests it."""
-    return False
-
-
-class _P2PWatch:
-    """Deadline and diagnosis of one point-to-point operation (False while it may still finish)."""
-
-    def __init__(self, comm: Communicator, call: Call, work: Work, deadline: Optional[float]):
-        self.comm, self.call, self.work, self.deadline = comm, call, work, deadline
-        self.next_probe = time.monotonic() + executor.DIAGNOSE_EVERY
-
-    @property
-    def what(self) -> str:
-        return self.work.description
-
-    def stalled(self, peer: Optional[int], op) -> bool:
-        now = time.monotonic()
-        if self.deadline is not None and now >= self.deadline:
-            raise CommTimeoutError(f"{self.what}: timed out after {self.comm.timeout:g} s "
-                                   f"({self.call.count} x {self.call.dtype.name})")
-        if now < self.next_probe:
-            return False
-        self.next_probe = now + executor.DIAGNOSE_EVERY
-        transport = self.comm.transport
-        notice = transport.probe(peer, ABORT_TAG) if peer is not None else transport.probe(None, ABORT_TAG)
-        if notice is not None:
-            raise PeerAbortedError(f"{self.what}: {executor.read_notice(transport, notice)}")
-        if self.call.name == "recv" and peer is not None:
-            first = transport.probe(peer)
-            reason = None if first is None else describe_p2p_mismatch(first[1], self.call.dtype.name, self.call.tag,
-                                                                      peer)
-            if reason:
-                raise MismatchError(f"{self.what}: {reason}")
-        return False
-
-
-def _with_deadline(test: Callable[[], bool], timeout: Optional[float], work: Work) -> Callable[[], bool]:
-    """``test`` that raises CommTimeoutError once ``timeout`` seconds have passed unfinished (the
-    reference backends' tests have no deadline of their own)."""
-    deadline = deadline_of(timeout)
-
-    def guarded() -> bool:
-        if test():
-            return True
-        if deadline is not None and time.monotonic() >= deadline:
-            raise CommTimeoutError(f"{work.description}: timed out after {timeout:g} s")
-        return False
-    return guarded
-
-
-def _p2p_description(name: str, seq: int, peer: Optional[int], tag: int, rank: int) -> str:
-    return (f"{name} p2p#{seq} {'to' if name == 'send' else 'from'} "
-            f"{'any rank' if peer is None else f'rank {peer}'} (tag {tag}) on rank {rank}")
-
-
-class _Split:
-    """Stands in for a collective object in the records of comm.split()."""
-    name = "split"
-    code = SPLIT_CODE
-
-    def envelope_count(self, call):
-        return 0
-
-
-_SPLIT = _Split()
-
-
-def _member_list(members, size: int, rank: int) -> list:
-    if isinstance(members, (str, bytes)) or not hasattr(members, "__iter__"):
-        raise bad_type("_group", "members", "a list of ranks", type(members).__name__)
-    out = [int(m) for m in members]
-    if not out or len(set(out)) != len(out) or not all(0 <= m < size for m in out):
-        raise bad_value("_group", "members", f"distinct ranks in [0, {size - 1}]", out)
-    if rank not in out:
-        raise bad_value("_group", "members", f"a list that holds this rank ({rank}): only members call it", out)
-    return out
-
-
-def _context_id(path: tuple) -> int:
-    """A 29-bit id for a sub-communicator, the same on every member: its path of splits from the
-    world (which split of which parent, which color). Transports keep streams apart with it above
-    bit 32 of a tag, whose 62 bits it must fit."""
-    digest = hashlib.blake2b(repr(path).encode(), digest_size=4).digest()
-    return (int.from_bytes(digest, "little") & 0x1FFFFFFF) or 1
-

@@ -156,11 +156,11 @@ def test_split_of_a_communicator_whose_ranks_disagree_on_the_call_is_an_error():
 def test_two_live_sub_communicators_never_share_a_context_id(monkeypatch):
     """Context ids are hashes of the split path; should two collide on one transport, the second
     split fails instead of reading the first one's messages."""
-    from ringcomm import CommError, communicator
+    from ringcomm import CommError, subcommunicators
 
     def body(comm):
         first = comm.split(0)
-        monkeypatch.setattr(communicator, "_context_id", lambda path: first.transport.context)
+        monkeypatch.setattr(subcommunicators, "_context_id", lambda path: first.transport.context)
         try:
             comm.split(0)
         except CommError as err:

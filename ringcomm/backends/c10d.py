@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..communicator import not_passive
+from ..point_to_point import not_passive
 from ..core.ops import DType, ReduceOp
 from ..errors import CommError
 from .reference import ReferenceCommunicator, comm_error

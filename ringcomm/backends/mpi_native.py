@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from ..communicator import not_passive
+from ..point_to_point import not_passive
 from ..core.ops import DType, ReduceOp, reducer
 from ..errors import CommTimeoutError, MismatchError, UsageError
 from ..transport.mpi import MPIRequest

@@ -1,0 +1,144 @@
+"""Sub-communicators: ``comm.split`` (MPI_Comm_split) and the groups of the torch backend
+(``_group``: MPI_Comm_create_group, made by its members alone).
+
+A split is one collective of the parent: every rank's (color, key, free window slots) travel in
+an all-gather under split's own envelope code, each rank picks its group, and the transport
+gives the new communicator a view of itself (transport/view.py) with its own context id in the
+high bits of every tag, so its messages never meet the parent's or a sibling's, and, when all
+its members share a node, a shared-window slot that none of them uses yet. Nothing new is
+created in /dev/shm. The context id hashes the split's path from the world, so every member
+computes the same one without asking.
+
+``SubCommunicators`` is a mixin of Communicator (communicator.py keeps ``split``, ``dup`` and
+``_sub``, which makes the new Communicator).
+"""
+from __future__ import annotations
+
+import hashlib
+from typing import TYPE_CHECKING, Optional
+
+import numpy as np
+
+from . import algorithms
+from .collectives import Call
+from .core import executor
+from .core.envelope import Envelope, register_collective
+from .core.schedule import Shape
+from .errors import MismatchError, bad_type, bad_value
+
+if TYPE_CHECKING:
+    from .communicator import Communicator
+
+SPLIT_CODE = 11    # the envelope code of comm.split()'s exchange
+register_collective(SPLIT_CODE, "split")
+
+
+class SubCommunicators:
+    """Communicator's split and group machinery (the module docstring)."""
+
+    def _rows(self, seq: int, what: str, row: list) -> np.ndarray:
+        """Every rank's int64 ``row`` (same length everywhere), as a (size, len) table: the
+        exchange of split and _group, under split's envelope code."""
+        width = len(row)
+        table = np.zeros(width * self.size, np.int64)
+        table[width * self.rank:width * (self.rank + 1)] = row
+        program = algorithms.plan("all_gather", "ring", self.rank, Shape(self.size, table.size, seg=table.size))
+        executor.run(program, self.transport, (table, table, None), None,
+                     envelope=Envelope(seq, SPLIT_CODE, "int64", table.size), timeout=self.timeout,
+                     what=f"{what} #{seq}")
+        return table.reshape(self.size, width)
+
+    def _split(self, seq: int, color: Optional[int], key: int) -> Optional["Communicator"]:
+        rows = self._rows(seq, "split", [-1 if color is None else color, key, self._window_slots()])
+        self._splits += 1
+        groups: dict = {}
+        for r in range(self.size):
+            if rows[r, 0] >= 0:
+                groups.setdefault(int(rows[r, 0]), []).append(r)
+        for members in groups.values():
+            members.sort(key=lambda r: (int(rows[r, 1]), r))
+        members = groups.get(color) if color is not None else None
+        path = self.context + ((self._splits, color),)
+        slot = None
+        if members is not None:
+            free = int(np.bitwise_and.reduce(rows[members, 2])) if members else 0
+            slot = (free & -free).bit_length() - 1 if free else None
+        transport = self.transport.split(members, color, key, _context_id(path), slot)
+        if members is None:
+            return None
+        nodes = None if self.topology is None else tuple(self.topology.node_of[r] for r in members)
+        from .topology import Topology
+        topology = None if nodes is None else Topology.from_names(members.index(self.rank), nodes)
+        return type(self)._sub(self, transport, topology, path)
+
+    def _group(self, members, key: str, *, agree: bool = True) -> "Communicator":
+        """MPI_Comm_create_group: a communicator of ``members`` (ranks of this one, in the new
+        communicator's order), made by the members alone: ranks outside it do not call this.
+        ``key`` names the group identically on every member (torch's group name); the context id
+        that keeps its messages apart derives from it, so members agree without asking anyone.
+        Its first collective checks that every member made the same group, and agrees on a
+        shared-window slot for one-shot all-reduces. ``agree=False`` skips that exchange: for a
+        communicator that only carries point-to-point messages (it takes no window slot)."""
+        members = _member_list(members, self.size, self.rank)
+        if not isinstance(key, str) or not key:
+            raise bad_value("_group", "key", "a non-empty str naming the group on every member", key)
+        with self.engine.state:
+            self._check_usable("_group")
+        path = self.context + (("group", key),)
+        transport = self.transport.group(members, _context_id(path))
+        nodes = None if self.topology is None else tuple(self.topology.node_of[r] for r in members)
+        from .topology import Topology
+        topology = None if nodes is None else Topology.from_names(members.index(self.rank), nodes)
+        sub = self._sub(transport, topology, path)
+        if not agree:
+            return sub
+        fingerprint = _context_id((key, tuple(members)))
+        call = Call(_SPLIT, None, None, dtype=None, count=0, result=None)
+        sub._submit(call, lambda seq: sub._agree(seq, fingerprint, members), async_op=False)
+        return sub
+
+    def _agree(self, seq: int, fingerprint: int, members: list) -> None:
+        rows = self._rows(seq, "group", [fingerprint, self._window_slots()])
+        odd = [members[r] for r in range(self.size) if rows[r, 0] != fingerprint]
+        if odd:
+            raise MismatchError(f"group #{seq} on rank {self.rank}: ranks {odd} of {members} made another "
+                                f"group under this name (their members or name differ)")
+        free = int(np.bitwise_and.reduce(rows[:, 1]))
+        if free:
+            self.transport.open_window((free & -free).bit_length() - 1)
+
+    def _window_slots(self) -> int:
+        """Bit mask of the shared-window slots this rank can still give a sub-communicator."""
+        free = getattr(self.transport, "free_window_slots", None)
+        return 0 if free is None else free()
+
+
+class _Split:
+    """Stands in for a collective object in the records of comm.split()."""
+    name = "split"
+    code = SPLIT_CODE
+
+    def envelope_count(self, call):
+        return 0
+
+
+_SPLIT = _Split()
+
+
+def _member_list(members, size: int, rank: int) -> list:
+    if isinstance(members, (str, bytes)) or not hasattr(members, "__iter__"):
+        raise bad_type("_group", "members", "a list of ranks", type(members).__name__)
+    out = [int(m) for m in members]
+    if not out or len(set(out)) != len(out) or not all(0 <= m < size for m in out):
+        raise bad_value("_group", "members", f"distinct ranks in [0, {size - 1}]", out)
+    if rank not in out:
+        raise bad_value("_group", "members", f"a list that holds this rank ({rank}): only members call it", out)
+    return out
+
+
+def _context_id(path: tuple) -> int:
+    """A 29-bit id for a sub-communicator, the same on every member: its path of splits from the
+    world (which split of which parent, which color). Transports keep streams apart with it above
+    bit 32 of a tag, whose 62 bits it must fit."""
+    digest = hashlib.blake2b(repr(path).encode(), digest_size=4).digest()
+    return (int.from_bytes(digest, "little") & 0x1FFFFFFF) or 1
