@@ -426,7 +426,7 @@ class Communicator(PointToPoint, SubCommunicators):
         scope = scope_for(call)   # device memory: its device and the caller's stream (core/streams.py)
         with engine.state:
             self._check_usable(call.name)
-            me = engine.admit(f"{call.name} on rank {self.rank}")
+            me = engine.admit(call.name)
             seq = self._seq
             self._seq += 1
             entry = self.recorder.record(seq, call.name, call.count, call.dtype and call.dtype.name)

@@ -22,7 +22,6 @@ from .collectives import Call
 from .core import executor
 from .core.envelope import ABORT_TAG, describe_p2p_mismatch, p2p_tag
 from .core.progress import Pending, deadline_of, settle
-from .core.schedule import Recv, Send
 from .core.streams import scope_for
 from .errors import CommError, CommTimeoutError, MismatchError, PeerAbortedError
 from .transport.polling import wait_polling
@@ -37,14 +36,14 @@ class PointToPoint:
 
     def _point_to_point(self, call: Call, async_op: bool):
         """Post in issue order, complete on its own (core/progress.py)."""
-        engine = self.engine
+        engine, name = self.engine, call.collective.name
         scope = scope_for(call)   # device memory: posted and tested under its device and stream
         with engine.state:
-            self._check_usable(call.name)
-            engine.admit(f"{call.name} on rank {self.rank}")
+            self._check_usable(name)
+            engine.admit(name)
             self._seq_p2p += 1
             seq = self._seq_p2p
-            entry = self.recorder.record_p2p(seq, call.name, call.peer, call.tag, call.count, call.dtype.name)
+            entry = self.recorder.record_p2p(seq, name, call.peer, call.tag, call.count, call.dtype.name)
             # With nothing issued earlier still to post, the call is posted right here (two thread
             # hand-offs cost more than a message); a blocking one also completes here, an async
             # one is left to the progress thread.
@@ -52,8 +51,7 @@ class PointToPoint:
             if inline:
                 engine.outstanding += 1
             # spelled only if read; of the call it keeps no buffer (a finished Work lets go of them)
-            what = functools.partial(_p2p_description, call.name, seq, call.peer, call.tag, self.rank)
-            work = Work(what)
+            work = Work(functools.partial(_p2p_description, name, seq, call.peer, call.tag, self.rank))
             work._result = call.result
 
             if not inline:   # posted by the progress thread when its turn comes
@@ -70,7 +68,7 @@ class PointToPoint:
                 engine.done()
         else:
             result = work.wait()
-        return (result, work.source) if call.name == "recv" and call.peer is None else result
+        return (result, work.source) if name == "recv" and call.peer is None else result
 
     def _post_async(self, call: Call, work: Work, entry, scope=None) -> None:
         """Post a send or receive whose Work the progress thread (or a thread waiting on it)
@@ -90,7 +88,7 @@ class PointToPoint:
                 # A send copied out of the caller's array as it was posted (the threads
                 # transport, shm's pool: Request.buffered) is done already: finished here, it
                 # costs the progress thread no wake-up and its waiter no hand-off.
-                sent = call.name == "send" and test()
+                sent = call.inp is not None and test()
         except BaseException as err:
             settle(entry, work, f"failed: {type(err).__name__}")
             engine.done()
@@ -103,7 +101,7 @@ class PointToPoint:
             return
         entry.state = "posted"
         with engine.state:
-            engine.watch(Pending(_with_deadline(test, self.timeout, work), cancel, work, entry), wake=not passive())
+            engine.watch(Pending(test, cancel, work, entry), wake=not passive())
 
     def _refuse_if_broken(self, work: Work) -> None:
         if self._broken is not None:
@@ -117,7 +115,7 @@ class PointToPoint:
             with self.engine.exec:
                 test, _, _ = self._post(call, work)
                 entry.state = "posted"
-                wait_polling(_with_deadline(test, self.timeout, work), None)   # raises at the deadline
+                wait_polling(test, None)   # the test raises at the deadline
         except BaseException as err:
             settle(entry, work, f"failed: {type(err).__name__}")
             if isinstance(err, CommError):
@@ -127,38 +125,24 @@ class PointToPoint:
         return call.result
 
     def _post(self, call: Call, work: Work) -> tuple:
-        """Post one send or receive; return (the test the progress thread polls until it is done,
-        what withdraws it, whether its peer finishes it alone: Request.passive)."""
-        transport, flat = self.transport, (call.inp if call.name == "send" else call.out).flat
+        """Post one send or receive; return (the test polled until it is done, which raises at
+        the deadline; what withdraws it; whether its peer finishes it alone: Request.passive).
+        The reference backends replace this with their library's send and receive."""
+        transport = self.transport
         tag = p2p_tag(call.dtype.name, call.tag)
-        deadline = deadline_of(self.timeout)
-        watch = _P2PWatch(self, call, work, deadline)
-        if call.name == "send":
+        if call.inp is not None:   # a send
             # The caller's array stays untouched until the send completes (``send``'s rule), so
             # from 4 MiB on (cma.P2P_MIN_BYTES) the receiver reads it straight out of this
             # process (CMA), or where CMA is off through a pipe (shm/pipe.py), instead of
             # through the staging pool or MPI (Transport.isend_p2p).
-            request = transport.isend_p2p(flat, call.peer, tag)
-
-            def sent() -> bool:
-                return request.buffered() or watch.stalled(call.peer, Send(call.peer, 0, call.count))
-            return sent, request.cancel, request.passive
+            request = transport.isend_p2p(call.inp.flat, call.peer, tag)
+            return _Posted(self, call, work, request, sending=True).test, request.cancel, request.passive
         if call.peer is not None:
             work.source = call.peer
-            request = transport.irecv(flat, call.peer, tag)
-            return (lambda: request.test() or watch.stalled(call.peer, Recv(call.peer, 0, call.count)),
-                    request.cancel, not_passive)
-        found: list = []
-
-        def any_source() -> bool:   # find the first message under this tag, then receive it
-            if not found:
-                hit = transport.probe(None, tag)
-                if hit is None:
-                    return watch.stalled(None, Recv(-1, 0, call.count))
-                work.source = hit[0]
-                found.append(transport.irecv(flat, hit[0], tag))
-            return found[0].test() or watch.stalled(work.source, Recv(work.source, 0, call.count))
-        return any_source, lambda: found and found[0].cancel(), not_passive
+            request = transport.irecv(call.out.flat, call.peer, tag)
+            return _Posted(self, call, work, request).test, request.cancel, not_passive
+        posted = _AnySource(self, call, work, tag)
+        return posted.test, posted.cancel, not_passive
 
 
 def not_passive() -> bool:
@@ -167,41 +151,76 @@ def not_passive() -> bool:
     return False
 
 
-class _P2PWatch:
-    """Deadline and diagnosis of one point-to-point operation (False while it may still finish)."""
+class _Posted:
+    """One posted send or receive of ringcomm's own road. ``test`` is what every waiter polls:
+    True once the transport is done with it; meanwhile it watches the deadline and, every
+    DIAGNOSE_EVERY seconds, looks for a peer's abort notice and for a message that can never
+    match. One object per call instead of a closure per concern: after a large message the
+    caches are cold, and every object and call on this road then costs microseconds
+    (benchmarks/p2p_cold.py)."""
+    __slots__ = ("comm", "call", "work", "request", "sending", "deadline", "next_probe")
 
-    def __init__(self, comm: Communicator, call: Call, work: Work, deadline: Optional[float]):
-        self.comm, self.call, self.work, self.deadline = comm, call, work, deadline
-        self.next_probe = time.monotonic() + executor.DIAGNOSE_EVERY
+    def __init__(self, comm: Communicator, call: Call, work: Work, request, sending: bool = False):
+        self.comm, self.call, self.work, self.request, self.sending = comm, call, work, request, sending
+        now = time.monotonic()
+        self.deadline = None if comm.timeout is None else now + comm.timeout
+        self.next_probe = now + executor.DIAGNOSE_EVERY
 
-    @property
-    def what(self) -> str:
-        return self.work.description
+    def test(self) -> bool:
+        # A send is done once its receiver has it (buffered: the caller's array may change); a
+        # receive once its bytes are in.
+        if self.request.buffered() if self.sending else self.request.test():
+            return True
+        return self.stalled(self.call.peer)
 
-    def stalled(self, peer: Optional[int], op) -> bool:
+    def stalled(self, peer: Optional[int]) -> bool:
+        """Raise if the operation can no longer finish (False while it may)."""
         now = time.monotonic()
         if self.deadline is not None and now >= self.deadline:
-            raise CommTimeoutError(f"{self.what}: timed out after {self.comm.timeout:g} s "
+            raise CommTimeoutError(f"{self.work.description}: timed out after {self.comm.timeout:g} s "
                                    f"({self.call.count} x {self.call.dtype.name})")
         if now < self.next_probe:
             return False
         self.next_probe = now + executor.DIAGNOSE_EVERY
         transport = self.comm.transport
-        notice = transport.probe(peer, ABORT_TAG) if peer is not None else transport.probe(None, ABORT_TAG)
+        notice = transport.probe(peer, ABORT_TAG)
         if notice is not None:
-            raise PeerAbortedError(f"{self.what}: {executor.read_notice(transport, notice)}")
-        if self.call.name == "recv" and peer is not None:
+            raise PeerAbortedError(f"{self.work.description}: {executor.read_notice(transport, notice)}")
+        if not self.sending and peer is not None:
             first = transport.probe(peer)
             reason = None if first is None else describe_p2p_mismatch(first[1], self.call.dtype.name, self.call.tag,
                                                                       peer)
             if reason:
-                raise MismatchError(f"{self.what}: {reason}")
+                raise MismatchError(f"{self.work.description}: {reason}")
         return False
 
 
-def _with_deadline(test: Callable[[], bool], timeout: Optional[float], work: Work) -> Callable[[], bool]:
-    """``test`` that raises CommTimeoutError once ``timeout`` seconds have passed unfinished (the
-    reference backends' tests have no deadline of their own)."""
+class _AnySource(_Posted):
+    """A receive from any rank: finds the first message under its tag, then receives it."""
+    __slots__ = ("tag",)
+
+    def __init__(self, comm: Communicator, call: Call, work: Work, tag: int):
+        super().__init__(comm, call, work, None)
+        self.tag = tag
+
+    def test(self) -> bool:
+        if self.request is None:
+            transport = self.comm.transport
+            hit = transport.probe(None, self.tag)
+            if hit is None:
+                return self.stalled(None)
+            self.work.source = hit[0]
+            self.request = transport.irecv(self.call.out.flat, hit[0], self.tag)
+        return self.request.test() or self.stalled(self.work.source)
+
+    def cancel(self) -> None:
+        if self.request is not None:
+            self.request.cancel()
+
+
+def with_deadline(test: Callable[[], bool], timeout: Optional[float], work: Work) -> Callable[[], bool]:
+    """``test`` that raises CommTimeoutError once ``timeout`` seconds have passed unfinished: for
+    the reference backends' ``_post``, whose library's tests have no deadline of their own."""
     deadline = deadline_of(timeout)
 
     def guarded() -> bool:

@@ -219,6 +219,16 @@ def test_call_overhead_times_every_phase():
     assert all(float(r.split()[0]) > 0 for r in rows)
 
 
+def test_p2p_cold_times_three_roads_warm_and_cold():
+    """benchmarks/p2p_cold.py: a row per road and cache state, every receive checked."""
+    proc = run_mpi(2, ROOT / "benchmarks" / "p2p_cold.py", "--calls", "3", "--evict-bytes", "1M", timeout=120)
+    rows = [line.split() for line in proc.stdout.splitlines() if line.split()[-1:] != ["(us)"]
+            and not line.startswith("#")]
+    assert [(r[0], r[-5]) for r in rows] == [(road, state) for road in ("communicator", "shm", "mpi4py")
+                                             for state in ("warm", "cold")], proc.stdout
+    assert all(float(v) > 0 for r in rows for v in r[-4:]), proc.stdout
+
+
 def test_cma_copy_times_both_directions_and_a_memcpy():
     """benchmarks/cma_copy.py: one row per size, the read checked to come from the child."""
     import subprocess

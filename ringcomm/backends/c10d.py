@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..point_to_point import not_passive
+from ..point_to_point import not_passive, with_deadline
 from ..core.ops import DType, ReduceOp
 from ..errors import CommError
 from .reference import ReferenceCommunicator, comm_error
@@ -149,4 +149,4 @@ class C10dBackend(ReferenceCommunicator):
             if failed:
                 raise failed[0]
             return done.is_set()
-        return test, lambda: None, not_passive   # torch's Work cannot withdraw a receive; the group is closed with it
+        return with_deadline(test, self.timeout, work), lambda: None, not_passive   # torch's Work cannot withdraw a receive; the group is closed with it

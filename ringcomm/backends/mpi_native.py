@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from ..point_to_point import not_passive
+from ..point_to_point import not_passive, with_deadline
 from ..core.ops import DType, ReduceOp, reducer
 from ..errors import CommTimeoutError, MismatchError, UsageError
 from ..transport.mpi import MPIRequest
@@ -99,7 +99,7 @@ class MPINativeCommunicator(ReferenceCommunicator):
                     raise MismatchError(f"{work.description}: the message has {got} bytes, the receive "
                                         f"expected {expected}")
             return True
-        return test, req.Cancel, not_passive
+        return with_deadline(test, self.timeout, work), req.Cancel, not_passive
 
     def _sub_backend(self, sub_world, members, path):
         if members is None:

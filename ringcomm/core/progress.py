@@ -77,12 +77,12 @@ class Engine:
 
     # ---- submission ----------------------------------------------------------------------------
     def admit(self, what: str) -> threading.Thread:
-        """The thread rule (module doc), checked under ``state`` before a call takes a number;
-        returns the calling thread."""
+        """The thread rule (module doc), checked under ``state`` before a call takes a number
+        (``what``: its name); returns the calling thread."""
         me = threading.current_thread()
         busy = self.outstanding or self.inline is not None
         if busy and self.owner is not me and me not in self.delegates and self.owner not in self.delegates:
-            raise UsageError(f"{what}: called from thread {me.name!r} while a call from thread "
+            raise UsageError(f"{what} on {self.label}: called from thread {me.name!r} while a call from thread "
                              f"{self.owner.name!r} is still in flight on this communicator. A "
                              f"communicator is used by one thread at a time (collectives from "
                              f"different threads would pair up differently on different ranks); "
