@@ -169,8 +169,11 @@ class _Posted:
     def test(self) -> bool:
         # A send is done once its receiver has it (buffered: the caller's array may change); a
         # receive once its bytes are in.
-        if self.request.buffered() if self.sending else self.request.test():
-            return True
+        try:
+            if self.request.buffered() if self.sending else self.request.test():
+                return True
+        except MismatchError as err:   # the transport's words, after the call's own
+            raise MismatchError(f"{self.work.description}: {err}") from None
         return self.stalled(self.call.peer)
 
     def stalled(self, peer: Optional[int]) -> bool:
@@ -211,7 +214,10 @@ class _AnySource(_Posted):
                 return self.stalled(None)
             self.work.source = hit[0]
             self.request = transport.irecv(self.call.out.flat, hit[0], self.tag)
-        return self.request.test() or self.stalled(self.work.source)
+        try:
+            return self.request.test() or self.stalled(self.work.source)
+        except MismatchError as err:
+            raise MismatchError(f"{self.work.description}: {err}") from None
 
     def cancel(self) -> None:
         if self.request is not None:

@@ -90,6 +90,7 @@ def test_a_receive_that_does_not_fit_the_message_is_a_mismatch(theirs, mine, wor
         run_threads(2, body, timeout=10)
     for w in words:
         assert w in str(info.value)
+    assert str(info.value).startswith("recv p2p#1 from rank 0 (tag 0) on rank 1: "), info.value
 
 
 def test_a_receive_nobody_sends_times_out_naming_the_peer_and_tag():
