@@ -215,9 +215,11 @@ class _AnySource(_Posted):
             self.work.source = hit[0]
             self.request = transport.irecv(self.call.out.flat, hit[0], self.tag)
         try:
-            return self.request.test() or self.stalled(self.work.source)
+            if self.request.test():
+                return True
         except MismatchError as err:
             raise MismatchError(f"{self.work.description}: {err}") from None
+        return self.stalled(self.work.source)
 
     def cancel(self) -> None:
         if self.request is not None:

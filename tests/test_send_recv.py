@@ -93,6 +93,19 @@ def test_a_receive_that_does_not_fit_the_message_is_a_mismatch(theirs, mine, wor
     assert str(info.value).startswith("recv p2p#1 from rank 0 (tag 0) on rank 1: "), info.value
 
 
+def test_a_receive_from_any_rank_that_does_not_fit_names_the_call_once():
+    def body(comm):
+        if comm.rank == 0:
+            comm.send(np.zeros(6, np.float32), 1, tag=4, async_op=True)
+            return None
+        comm.recv(np.zeros(5, np.float32), None, tag=4)
+    with pytest.raises(MismatchError) as info:
+        run_threads(2, body, timeout=10)
+    text = str(info.value)
+    assert text.startswith("recv p2p#1 from any rank (tag 4) on rank 1: ") and text.count("p2p#1") == 1, text
+    assert "24" in text and "20" in text, text
+
+
 def test_a_receive_nobody_sends_times_out_naming_the_peer_and_tag():
     def body(comm):
         if comm.rank == 1:
