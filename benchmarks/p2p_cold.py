@@ -30,16 +30,7 @@ import time
 import numpy as np
 
 from ringcomm.env import parse_size
-from ringcomm.errors import UsageError
-
-
-def l3_bytes() -> int:
-    """This machine's last-level cache (Linux sysfs), 32 MiB where it cannot be read."""
-    try:
-        with open("/sys/devices/system/cpu/cpu0/cache/index3/size") as f:
-            return parse_size(f.read())   # "32768K"
-    except (OSError, UsageError):
-        return 32 << 20
+from ringcomm.topology import last_level_cache
 
 
 def roads(comm, world, x, out, peer: int) -> dict:
@@ -107,7 +98,7 @@ def main() -> None:
     peer = 1 - comm.rank
     x = np.full(args.bytes // 4, comm.rank + 1, np.float32)
     out = np.empty_like(x)
-    evict_bytes = args.evict_bytes or 2 * l3_bytes()
+    evict_bytes = args.evict_bytes or 2 * (last_level_cache() or 32 << 20)   # 32 MiB where sysfs is silent
     a = np.ones(evict_bytes // 2, np.uint8)
     b = np.empty_like(a)
     rows = []

@@ -167,14 +167,15 @@ class _Posted:
         self.next_probe = now + executor.DIAGNOSE_EVERY
 
     def test(self) -> bool:
-        # A send is done once its receiver has it (buffered: the caller's array may change); a
-        # receive once its bytes are in.
+        return self.moved() or self.stalled(self.call.peer)
+
+    def moved(self) -> bool:
+        """Whether the transport is done with it: a send once its receiver has it (buffered: the
+        caller's array may change), a receive once its bytes are in."""
         try:
-            if self.request.buffered() if self.sending else self.request.test():
-                return True
+            return self.request.buffered() if self.sending else self.request.test()
         except MismatchError as err:   # the transport's words, after the call's own
             raise MismatchError(f"{self.work.description}: {err}") from None
-        return self.stalled(self.call.peer)
 
     def stalled(self, peer: Optional[int]) -> bool:
         """Raise if the operation can no longer finish (False while it may)."""
@@ -214,12 +215,7 @@ class _AnySource(_Posted):
                 return self.stalled(None)
             self.work.source = hit[0]
             self.request = transport.irecv(self.call.out.flat, hit[0], self.tag)
-        try:
-            if self.request.test():
-                return True
-        except MismatchError as err:
-            raise MismatchError(f"{self.work.description}: {err}") from None
-        return self.stalled(self.work.source)
+        return self.moved() or self.stalled(self.work.source)
 
     def cancel(self) -> None:
         if self.request is not None:
