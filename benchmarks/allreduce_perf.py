@@ -7,8 +7,11 @@ Sizes are the total buffer in bytes, as in nccl-tests: the whole vector for all_
 broadcast, the gathered output for all_gather and gather, the input for reduce_scatter, scatter
 and all_to_all (each rank's), the message for sendrecv (every rank sends to its right neighbour
 and receives from its left one at once). ``--tensor numpy,torch`` runs every ringcomm
-configuration on numpy arrays and on torch tensors (views of the same memory), labelled
-``ringcomm[torch]``: torch tensors are what DDP and torch users pass. For every size all
+configuration on numpy arrays and on torch tensors, labelled ``ringcomm[torch]``: torch tensors
+are what DDP and torch users pass, so they are allocated by torch (``torch.empty``), not made
+views of numpy's memory: the two allocators back large buffers differently (numpy asks for
+transparent huge pages, torch only under THP_MEM_ALLOC_ENABLE=1, which ``import ringcomm`` sets
+unless it is set already: core/hugepages.py), and a CMA read's speed depends on it. For every size all
 backend/algorithm configurations run one after another (interleaved, not sweep after sweep), so
 that noise from a busy machine hits them alike; ``--rounds`` repeats that interleaving and reports
 the median round. Time is the mean over ``-n`` back-to-back calls, taken as the maximum across
@@ -111,6 +114,7 @@ class Case:
     rank: int
     n: int
     arena: Optional[np.ndarray] = None   # uint8 memory to carve the buffers from (else np.empty)
+    torch_owned: bool = False            # allocated by torch.empty (x and out are numpy views of it)
     x: np.ndarray = field(init=False)
     out: Optional[np.ndarray] = field(init=False, default=None)
 
@@ -121,6 +125,9 @@ class Case:
 
         def empty(k: int) -> np.ndarray:
             nonlocal used
+            if self.torch_owned:
+                import torch
+                return torch.empty(k, dtype=getattr(torch, self.dtype.name)).numpy()
             if self.arena is None:
                 return np.empty(k, self.dtype)
             nbytes = k * self.dtype.itemsize
@@ -138,7 +145,7 @@ class Case:
         self.tensors = None
 
     def as_torch(self) -> "Case":
-        """The same buffers as torch tensors (views of the same memory), made once."""
+        """The same buffers as torch tensors (views of the same memory, whoever allocated it), made once."""
         if self.tensors is None:
             import torch
             self.tensors = Case.__new__(Case)
@@ -285,6 +292,7 @@ class Config:
     chooser: Optional[Callable] = None   # () -> the algorithm the last call ran (auto rows)
     arena: Optional[np.ndarray] = None   # the buffers live here (transport memory), not np.empty
     comm: object = None                  # the ringcomm communicator, for ringcomm rows
+    torch_owned: bool = False            # runs on torch tensors, in memory torch allocated
 
     @property
     def label(self) -> str:
@@ -311,12 +319,13 @@ def build_configs(args, world) -> tuple[list[Config], list[str]]:
             for algorithm in args.algorithms:
                 if algorithm == "persistent":
                     configs.append(Config(label, algorithm, lambda c, m=comm, t=kind == "torch": persistent_call(m, t),
-                                          lambda m=comm: last_algorithm(m), comm=comm))
+                                          lambda m=comm: last_algorithm(m), comm=comm, torch_owned=kind == "torch"))
                     continue
                 forced = None if algorithm == "auto" else algorithm
                 configs.append(Config(label, algorithm,
                                       lambda c, m=comm, a=forced, t=kind == "torch": ringcomm_call(m, c, a, t),
-                                      (lambda m=comm: last_algorithm(m)) if forced is None else None, comm=comm))
+                                      (lambda m=comm: last_algorithm(m)) if forced is None else None, comm=comm,
+                                      torch_owned=kind == "torch"))
         if args.transport_buffers:
             allocate = getattr(comm.transport, "allocate", None)
             if allocate is None:
@@ -406,8 +415,10 @@ def measure_size(world, collective, nbytes, dtype, configs, args, rank, n) -> li
     if count == 0 or (collective in SPLIT and count < n):
         return []
     plain = Case(collective, count, np.dtype(dtype), rank, n)
-    cases = {cfg.label: plain if cfg.arena is None else Case(collective, count, np.dtype(dtype), rank, n, cfg.arena)
-             for cfg in configs}
+    owned = Case(collective, count, np.dtype(dtype), rank, n, torch_owned=True) if any(
+        cfg.torch_owned for cfg in configs) else None
+    cases = {cfg.label: Case(collective, count, np.dtype(dtype), rank, n, cfg.arena) if cfg.arena is not None
+             else owned if cfg.torch_owned else plain for cfg in configs}
     calls = [(cfg, cfg.call_for(collective), cases[cfg.label]) for cfg in configs]
     wrong = {}
     for cfg, call, case in calls:   # correctness first, on fresh data (also the first warm-up call)
@@ -629,7 +640,7 @@ def parse_args(argv=None):
                         "peers read in place, as DDP buckets use), labelled backend 'ringcomm+tbuf'")
     p.add_argument("--tensor", default="numpy",
                    help="comma list: numpy, torch (ringcomm configs run on each; torch tensors are "
-                        "views of the same memory)")
+                        "allocated by torch)")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     args.backends = [b.strip() for b in args.backend.split(",") if b.strip()]

@@ -1,4 +1,8 @@
 """ringcomm: hand-written collective communication for data-parallel training."""
+from .core import hugepages as _hugepages
+
+_hugepages.prefer_for_torch()   # before torch's first allocation, which reads it (core/hugepages.py)
+
 from . import algorithms, collectives
 from .communicator import Communicator
 from .core.ops import ReduceOp, premul_sum

@@ -62,6 +62,21 @@ def test_the_check_counts_unfinished_results_as_wrong(collective):
     assert case.wrong() > 0
 
 
+@pytest.mark.parametrize("collective", ["all_reduce", "all_to_all"])
+def test_torch_rows_run_on_memory_torch_allocated(collective):
+    """The torch rows time tensors as torch users have them: allocated by torch, whose large
+    buffers may sit on other pages than numpy's, not views of numpy's memory."""
+    torch = pytest.importorskip("torch")
+    case = perf.Case(collective, 1 << 20, np.dtype(np.float32), rank=1, n=2, torch_owned=True)
+    for array in (case.x, case.out) if case.out is not None else (case.x,):
+        assert isinstance(array.base, torch.Tensor)   # .numpy() of a tensor: the tensor owns the memory
+    tensors = case.as_torch()
+    assert tensors.x.data_ptr() == case.x.ctypes.data
+    case.fill()
+    assert case.wrong() > 0
+    assert perf.Case(collective, 12, np.dtype(np.float32), rank=1, n=2).x.base is None
+
+
 def _rows_by_label(rows):
     return {(r["collective"], int(r["size"]), r["backend"], r["algorithm"]): r for r in rows}
 
@@ -230,13 +245,17 @@ def test_p2p_cold_times_three_roads_warm_and_cold():
 
 
 def test_cma_copy_times_both_directions_and_a_memcpy():
-    """benchmarks/cma_copy.py: one row per size, the read checked to come from the child."""
+    """benchmarks/cma_copy.py: one row per size and page kind, the read checked to come from the
+    child; a bad --pages is refused."""
     import subprocess
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "cma_copy.py"), "--sizes", "4K,64K", "--calls", "3"],
-                          capture_output=True, text=True, timeout=60)
+    tool = [sys.executable, str(ROOT / "benchmarks" / "cma_copy.py")]
+    proc = subprocess.run(tool + ["--sizes", "4K,64K", "--calls", "3"], capture_output=True, text=True, timeout=60)
     if proc.returncode != 0 and "Operation not permitted" in proc.stderr:
         pytest.skip("CMA is refused in this container")
     assert proc.returncode == 0, proc.stderr
     rows = [line.split() for line in proc.stdout.splitlines()[1:]]
-    assert [int(r[0]) for r in rows] == [4096, 65536]
-    assert all(float(v) > 0 for r in rows for v in r[1:]), proc.stdout
+    assert [(int(r[0]), r[1]) for r in rows] == [(4096, "4k"), (4096, "huge"), (65536, "4k"), (65536, "huge")]
+    assert all(int(r[2]) >= 0 for r in rows)
+    assert all(float(v) > 0 for r in rows for v in r[3:]), proc.stdout
+    bad = subprocess.run(tool + ["--pages", "2m"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--pages: expected a comma list of 4k, huge, got '2m'" in bad.stderr

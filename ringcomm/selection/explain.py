@@ -12,7 +12,7 @@ import argparse
 import sys
 
 from .. import algorithms
-from ..core import compiled
+from ..core import compiled, hugepages
 from ..errors import UsageError
 from ..transport.window import JOB_CAPACITY
 from .selector import Selector, describe
@@ -70,6 +70,8 @@ def main(argv=None) -> int:
         return 2
     print(describe(choice))
     print(f"tuning: {selector.tuning.source}")
+    if window > 0 and not args.no_direct:   # direct algorithms' reads pin pages: their size matters
+        print(hugepages.report())
     return 0
 
 
