@@ -18,19 +18,25 @@ memory ("cold", twice the L3 by default):
 
 Three roads side by side: the communicator (``comm.send``/``comm.recv``/``Work.wait``), the shm
 transport underneath it (``isend_p2p``/``irecv``/``test``: what the communicator adds is the
-difference), and mpi4py (``Isend``/``Recv``/``Wait``: MPICH's C road). Medians over ``--calls``
-of rank 0's microseconds. Needs two ranks on one node.
+difference), and mpi4py (``Isend``/``Recv``/``Wait``: MPICH's C road). Where the node reads by
+CMA, a fourth row, ``bare CMA read``, times one ``process_vm_readv`` of the peer's array into
+``out`` as its receive and nothing else: the copy a send of ``cma_p2p_min_bytes`` or more makes
+(smaller sends go through the staging pool), so the roads' receives above it are that copy plus
+their own cost. Medians over ``--calls`` of rank 0's microseconds. Needs two ranks on one node.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
 import numpy as np
 
+from ringcomm.core.buffers import address
 from ringcomm.env import parse_size
 from ringcomm.topology import last_level_cache
+from ringcomm.transport.shm.cma import read_process
 
 
 def roads(comm, world, x, out, peer: int) -> dict:
@@ -46,13 +52,19 @@ def roads(comm, world, x, out, peer: int) -> dict:
     def transport_wait(request):
         while not request.test():
             pass
-    return {
+    found = {
         "communicator": (lambda: comm.send(x, peer, async_op=True), lambda: comm.recv(out, peer),
                          lambda work: work.wait()),
         "shm transport": (lambda: node.isend_p2p(x, peer, 77), transport_recv, transport_wait),
         "mpi4py (MPICH)": (lambda: world.Isend(x, peer, 0), lambda: world.Recv(out, peer, 0),
                            MPI.Request.Wait),
     }
+    where = world.allgather((os.getpid(), address(x)))[peer]   # every rank joins, CMA or not
+    if getattr(node, "direct_reads", None) == "cma":
+        pid, at = where
+        found["bare CMA read"] = (lambda: None, lambda: read_process(pid, at, address(out), out.nbytes),
+                                  lambda handle: None)
+    return found
 
 
 def measure(phases, barrier, evict, calls: int, out, expected: float) -> list:
@@ -108,8 +120,9 @@ def main() -> None:
             spent = measure(phases, world.Barrier, evict, args.calls, out, peer + 1)
             rows.append((name, state, [statistics.median(s) for s in spent]))
     if comm.rank == 0:
+        node = getattr(comm.transport, "node", None) or comm.transport
         print(f"# {args.bytes} bytes, 2 ranks, median of {args.calls} calls (rank 0), cold: after copying "
-              f"{evict_bytes >> 20} MiB")
+              f"{evict_bytes >> 20} MiB; direct reads: {getattr(node, 'direct_reads', 'none')}")
         print(f"{'road':<16} {'caches':<6} {'send':>8} {'recv':>8} {'wait':>8} {'sum':>8}   (us)")
         for name, state, (s, r, w) in rows:
             print(f"{name:<16} {state:<6} {s:8.1f} {r:8.1f} {w:8.1f} {s + r + w:8.1f}")
