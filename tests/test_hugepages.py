@@ -46,10 +46,11 @@ def test_torch_reads_it_after_the_import():
     numpy_kb, torch_kb = map(int, _run(code).split())
     if numpy_kb < 16 << 10:
         pytest.skip(f"the kernel gave a 32 MiB numpy array {numpy_kb} kB of huge pages: none to compare with")
-    assert torch_kb >= 16 << 10, (numpy_kb, torch_kb)
+    # kB: at least one huge page (a fragmented machine may give torch fewer than numpy got)
+    assert torch_kb >= 2 << 10, (numpy_kb, torch_kb)
     if hugepages.kernel_mode() == "madvise":   # and only because ringcomm asked
         _, torch_kb = map(int, _run(code, THP_MEM_ALLOC_ENABLE="0").split())
-        assert torch_kb < 16 << 10, torch_kb
+        assert torch_kb == 0, torch_kb
 
 
 def test_report_names_the_policy_and_the_variable(monkeypatch):
