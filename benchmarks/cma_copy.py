@@ -84,9 +84,10 @@ def main() -> None:
     print(f"{'bytes':>10} {'pages':>5} {'huge kB':>8} {'readv us':>10} {'writev us':>10} {'memcpy us':>10} "
           f"{'readv/memcpy':>13}")
     for nbytes in (parse_size(s) for s in args.sizes.split(",")):
+        src = np.ones(nbytes, np.uint8)
+        dst = np.zeros(nbytes, np.uint8)
         for pages in kinds:
-            src = np.ones(nbytes, np.uint8)
-            dst = np.zeros(nbytes, np.uint8)
+            dst[...] = 0   # the read below must bring the child's 2s
             r, w = os.pipe()
             pid = os.fork()
             if pid == 0:   # the peer: its own array, written, its address sent; held until killed

@@ -39,10 +39,10 @@ from ringcomm.topology import last_level_cache
 from ringcomm.transport.shm.cma import read_process
 
 
-def roads(comm, world, x, out, peer: int) -> dict:
-    """Each road's three phases as functions: post a send (returns its handle), receive, wait."""
+def roads(comm, node, world, x, out, peer: int) -> dict:
+    """Each road's three phases as functions: post a send (returns its handle), receive, wait;
+    ``node``: the shm transport under ``comm``."""
     from mpi4py import MPI
-    node = getattr(comm.transport, "node", None) or comm.transport
 
     def transport_recv():
         request = node.irecv(out, peer, 77)
@@ -113,14 +113,14 @@ def main() -> None:
     evict_bytes = args.evict_bytes or 2 * (last_level_cache() or 32 << 20)   # 32 MiB where sysfs is silent
     a = np.ones(evict_bytes // 2, np.uint8)
     b = np.empty_like(a)
+    node = getattr(comm.transport, "node", None) or comm.transport
     rows = []
-    for name, phases in roads(comm, world, x, out, peer).items():
+    for name, phases in roads(comm, node, world, x, out, peer).items():
         measure(phases, world.Barrier, lambda: None, 10, out, peer + 1)   # first calls: imports, connections
         for state, evict in (("warm", lambda: None), ("cold", lambda: np.copyto(b, a))):
             spent = measure(phases, world.Barrier, evict, args.calls, out, peer + 1)
             rows.append((name, state, [statistics.median(s) for s in spent]))
     if comm.rank == 0:
-        node = getattr(comm.transport, "node", None) or comm.transport
         print(f"# {args.bytes} bytes, 2 ranks, median of {args.calls} calls (rank 0), cold: after copying "
               f"{evict_bytes >> 20} MiB; direct reads: {getattr(node, 'direct_reads', 'none')}")
         print(f"{'road':<16} {'caches':<6} {'send':>8} {'recv':>8} {'wait':>8} {'sum':>8}   (us)")

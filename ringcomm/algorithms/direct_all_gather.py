@@ -14,8 +14,8 @@ bytes; 2 ranks, two alternating launches each way (`allreduce_perf.py --collecti
 better than reading, and is not made there. Copying and writing the whole part one after the
 other read it from memory twice; chunk by chunk (as the direct broadcast does), once: 2 ranks,
 three alternating launches each way (``--algorithm direct``, 4-64 MiB), 64 MiB 7.99-8.73 ms
-(1.14-1.24x MPI_Allgather) -> 4.59-5.90 ms (0.74-0.85x), 16 MiB 1.00-1.55 ms -> 0.91-1.42 ms. Cost: 2 alpha_w + (n-1) alpha_d + (n-1)/n S beta_d
-(S gathered; writes priced as reads).
+(1.14-1.24x MPI_Allgather) -> 4.59-5.90 ms (0.74-0.85x), 16 MiB 1.00-1.55 ms -> 0.91-1.42 ms.
+Cost: 2 alpha_w + (n-1) alpha_d + (n-1)/n S beta_d (S gathered; writes priced as reads).
 """
 from __future__ import annotations
 

@@ -47,7 +47,7 @@ def report() -> str:
     value = os.environ.get(VARIABLE)
     torch_side = (f"torch tensors >= 2 MiB ask for them ({VARIABLE}={value})" if value == "1" else
                   f"torch tensors do not ask for them ({VARIABLE}={value if value is not None else 'unset'}; "
-                  f"CMA copies of them pin 4 KiB pages, up to ~3x slower)")
+                  f"CMA copies of them pin 4 KiB pages, 3-5x slower)")
     numpy_side = "ask for them" if numpy_asks() else "do not ask for them (NUMPY_MADVISE_HUGEPAGE=0)"
     return f"transparent huge pages: kernel {mode}; numpy arrays >= 4 MiB {numpy_side}; {torch_side}"
 
