@@ -172,14 +172,20 @@ class RoutedTransport(Transport):
         return self._device.carried() if self._device is not None else {"device": 0, "host": 0}
 
     # ---- sub-communicators ---------------------------------------------------------------------
+    def _remote(self):
+        """The MPI transport to other nodes, or None. Known by not being ``local``, never by its
+        place in ``transports``: a member alone on its node in a sub-communicator has only this
+        one, and taking it for the node's would skip the MPI split its other members make
+        (they would wait in MPI_Comm_split for it forever)."""
+        return next((t for t in self.transports if t is not self.local), None)
+
     def split(self, members, color, key, context, slot=None):
         """Peers on this node through a view of the node's transport, the others through an MPI
         communicator split off this one's (collective: every rank calls it, members or not).
         This transport's ranks are its local transport's ranks, so members map straight across."""
         if not self.transports:   # a communicator of one rank: its splits have one rank too
             return None if members is None else RoutedTransport(0, 1, {}, [])
-        local = self.node if self.node is not None else self.transports[0]
-        remote = next((t for t in self.transports if t is not local), None)
+        local, remote = self.local, self._remote()
         split_remote = None if remote is None else remote.split(members, color, key, context, slot)
         seed = self._split_seed(members, color)
         if members is None:
@@ -220,8 +226,7 @@ class RoutedTransport(Transport):
         either all of them create the MPI communicator or none does."""
         if not self.transports:
             return RoutedTransport(0, 1, {}, [])
-        local = self.node if self.node is not None else self.transports[0]
-        remote = next((t for t in self.transports if t is not local), None)
+        local, remote = self.local, self._remote()
         me = members.index(self.rank)
         far = [m for m in members if m != self.rank and self.routes[m] is not local]
         group_remote = remote.group(members, context) if far else None
@@ -244,7 +249,7 @@ class RoutedTransport(Transport):
 
     def free_window_slots(self) -> int:
         """The node transport's free window slots, where one node holds this whole communicator."""
-        local = self.node if self.node is not None else (self.transports[0] if self.transports else None)
+        local = self.local
         free = getattr(local, "free_window_slots", None)
         if free is None or not all(t is local for t in self.routes.values()):
             return 0

@@ -253,6 +253,20 @@ def sub_communicators(c):
         c.failures.append(f"{c.label} rank {c.rank}: half all_reduce beside the parent's: {y[0]} != {mine}")
     quarter.close()
     half.close()
+    # All ranks but the last, then split again: with two pretend nodes of two ranks, rank 2 is
+    # alone on its node in `rest` while ranks 0 and 1 share theirs (a split of `rest` once waited
+    # in MPI_Comm_split forever there: rank 2 took its MPI route for its node's).
+    rest = comm.split(0 if comm.rank < comm.size - 1 else None)
+    if rest is not None:
+        for color, label in ((rest.rank, "rest singleton"), (0, "rest whole"), (rest.rank % 2, "rest half")):
+            sub = rest.split(color)
+            s = Checker(sub, f"{c.label} {label}")
+            s.all_reduce(Case(13, "float32", "sum", "numpy"))
+            s.all_to_all(Case(3, "int32", "sum", "numpy"))
+            c.checks += s.checks
+            c.failures += s.failures
+            sub.close()
+        rest.close()
 
 
 def refusal_checks(c):
