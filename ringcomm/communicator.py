@@ -21,7 +21,7 @@ from . import algorithms, env
 from .collectives import (ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, BARRIER, BROADCAST, GATHER, RECV, REDUCE,
                           REDUCE_SCATTER, SCATTER, SEND, Call)
 from .core import executor
-from .core.envelope import (ABORT_TAG, Envelope, static_bits,
+from .core.envelope import (ABORT_TAG, Envelope, op_code, static_bits,
                             window_stamp)
 from .core.ops import reducer
 from .core.progress import Engine
@@ -332,6 +332,7 @@ class Communicator(PointToPoint, SubCommunicators):
             return
         inp, out = call.arrays()
         dname = call.dtype.name if call.dtype else None
+        op = op_code(call.op)
         if plan.window is not None:
             if self.size == 1:
                 if not call.in_place:
@@ -341,13 +342,13 @@ class Communicator(PointToPoint, SubCommunicators):
             plan.window.run(self.transport.window, inp, out, plan.shape, plan.reduce,
                             window_stamp(seq, plan.static, plan.count), plan.word,
                             lambda: executor.WindowGuard(
-                                self.transport, Envelope(seq, call.collective.code, dname, plan.count),
+                                self.transport, Envelope(seq, call.collective.code, dname, plan.count, op),
                                 self.timeout, self._what(call, seq, plan.algorithm), started, plan.count,
                                 plan.word, call.collective.describe_word))
             return
         if call.device != "cpu" and self.size > 1:
             self._device_route(call, seq, plan.algorithm)
-        envelope = Envelope(seq, call.collective.code, dname, plan.count)
+        envelope = Envelope(seq, call.collective.code, dname, plan.count, op)
         bufs = (inp, out, None)
         what = self._what(call, seq, plan.algorithm)
         if type(self.transport).stage is Transport.stage:   # nothing to stage: skip the ~1 us context
@@ -411,7 +412,7 @@ class Communicator(PointToPoint, SubCommunicators):
             "RINGCOMM_ALGO" if name in self.selector.forced else "cost model"
         reduce = None if call.op is None else reducer(call.op, call.dtype)
         count = collective.envelope_count(call)
-        static = static_bits(collective.code, call.dtype.name if call.dtype else None, count)
+        static = static_bits(collective.code, call.dtype.name if call.dtype else None, count, op_code(call.op))
         seg = max(1, DEFAULT_SEGMENT_BYTES // (call.dtype.itemsize if call.dtype else 1))
         if algorithms.is_window(name, chosen):
             window, shape = algorithms.get(name, chosen), call.shape(self.size, seg)

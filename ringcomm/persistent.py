@@ -32,7 +32,7 @@ import numpy as np
 
 from .algorithms._planned import run as planned_round
 from .algorithms.one_shot import OneShot, compiled_round
-from .core.envelope import Envelope, window_stamp
+from .core.envelope import Envelope, op_code, window_stamp
 from .core.executor import WindowGuard
 from .core.ops import ReduceOp
 from .errors import CommError, PeerAbortedError, UsageError
@@ -142,8 +142,8 @@ class WindowCall:
         """The guard of the running round (built only when a round stalls or mismatches)."""
         entry, call = self.comm._entry, self.call
         what = f"{call.collective.name} #{entry.seq} ({self.name}, {call.count} x {self.dname})"
-        return WindowGuard(self.comm.transport, Envelope(entry.seq, self.code, self.dname, self.count),
-                           self.comm.timeout, what, entry.started, self.count, self.word,
+        envelope = Envelope(entry.seq, self.code, self.dname, self.count, op_code(call.op))
+        return WindowGuard(self.comm.transport, envelope, self.comm.timeout, what, entry.started, self.count, self.word,
                            call.collective.describe_word)
 
 

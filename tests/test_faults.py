@@ -69,6 +69,33 @@ def test_other_dtype_of_the_same_width_raises_instead_of_reducing_garbage():
     assert max(elapsed) < 5
 
 
+@pytest.mark.parametrize("algorithm", ["ring", "tree", "recursive_doubling", "rabenseifner", "one_shot", "direct"])
+def test_ranks_that_disagree_on_the_op_raise_instead_of_returning_different_results(algorithm):
+    # Rank 1 takes the maximum where the others sum: without the op in the envelope each rank
+    # returned normally, with another result (replicas that drift).
+    def fn(comm):
+        comm.all_reduce(np.ones(100, np.float32), "max" if comm.rank == 1 else "sum", algorithm=algorithm)
+    outcome, elapsed = run_each(3, fn)
+    for rank, err in enumerate(outcome):
+        assert isinstance(err, (MismatchError, PeerAbortedError)), (rank, err)
+    assert any(isinstance(e, MismatchError) and "op: expected" in str(e) for e in outcome), outcome
+    assert max(elapsed) < 5
+
+
+@pytest.mark.parametrize("collective", ["reduce_scatter", "reduce"])
+def test_avg_against_sum_raises_in_the_other_reductions_too(collective):
+    def fn(comm):
+        op = "avg" if comm.rank == 0 else "sum"
+        if collective == "reduce":
+            comm.reduce(np.ones(30, np.float32), 0, op)
+        else:
+            comm.reduce_scatter(np.empty(10, np.float32), np.ones(30, np.float32), op)
+    outcome, elapsed = run_each(3, fn)
+    assert all(isinstance(e, (MismatchError, PeerAbortedError)) for e in outcome), outcome
+    assert any(isinstance(e, MismatchError) and "op: expected" in str(e) for e in outcome), outcome
+    assert max(elapsed) < 5
+
+
 def test_skipped_collective_raises_mismatch_naming_the_collectives():
     def fn(comm):
         if comm.rank != 2:

@@ -40,12 +40,12 @@ def outcomes(out_dir: Path, n: int) -> list:
 def test_every_mismatch_raises_on_every_rank_within_a_second(n, env, tmp_path):
     run_mpi(n, "shm_mismatch.py", tmp_path, *SIZES, env={"RINGCOMM_TIMEOUT": "20", **env}, timeout=400)
     seen = outcomes(tmp_path, n)
-    assert len(seen) == n * 4 * len(SIZES), seen
+    assert len(seen) == n * 5 * len(SIZES), seen
     for rank, kind, size, error, took, message in seen:
         case = f"rank {rank}, {kind} at {size} bytes: {error} after {took} s:{message}"
         assert error in ("MismatchError", "PeerAbortedError"), case
         assert MISMATCH.search(message), case
         assert float(took) < 1.0, case
-    for kind in ("collective", "dtype", "count+1", "count+1024"):   # someone found it first-hand
+    for kind in ("collective", "dtype", "op", "count+1", "count+1024"):   # someone found it first-hand
         for size in {s for _, _, s, *_ in seen}:
             assert any(k == kind and s == size and e == "MismatchError" for _, k, s, e, *_ in seen), (kind, size)

@@ -1,10 +1,11 @@
 """What a message's tag says about the call that sent it, so mismatches fail loudly.
 
 Every data message of a collective carries, in its tag, the collective's sequence number, which
-collective it is (its code, owned by its file in ringcomm/collectives), its dtype and its element
-count modulo 512. Ranks that disagree on any of these post receives that can never match the
-messages their peers send, so instead of silently reducing int32 bits as float32, or mixing
-chunks of different lengths, the waits stall; the executor then looks at the first unmatched
+collective it is (its code, owned by its file in ringcomm/collectives), its dtype, its reduction
+op and its element count modulo 32. Ranks that disagree on any of these post receives that can
+never match the messages their peers send, so instead of silently reducing int32 bits as float32,
+mixing chunks of different lengths, or one rank summing what another takes the maximum of (each
+then returns another result: replicas that drift), the waits stall; the executor then looks at the first unmatched
 message from the peer it waits for (a probe) and raises MismatchError saying which field differs.
 That costs nothing on the fast path.
 
@@ -12,7 +13,10 @@ Layout (29 bits: MPICH's tag bound here is 2**29 - 1):
   bit 28       control (abort notices, debug fingerprints): never a data message
   bit 27       point-to-point (send/recv) rather than a collective
   collectives:   bits 19..26 sequence mod 256 | 15..18 collective | 11..14 dtype
-                 | 2..10 count mod 512 | 0..1 channel (independent streams of one algorithm)
+                 | 7..10 op (0: none) | 2..6 count mod 32 | 0..1 channel (independent streams
+                 of one algorithm)
+A count that differs by a multiple of 32 still fails loudly: a message of another length is
+refused by its receiver, and a one-shot window stamp carries the exact count.
   point-to-point: bits 23..26 dtype | 0..22 the user's tag
 Sub-communicators keep their messages apart above bit 32 (transport views add their context
 there) or on MPI communicators of their own, so these 29 bits are per communicator.
@@ -22,7 +26,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Optional
 
-from .ops import DTYPES
+from .ops import DTYPES, OP_NAMES, ReduceOp
 
 DTYPE_NAMES = tuple(DTYPES)
 NO_DTYPE = 15                  # dtype field of calls without one (barrier)
@@ -33,7 +37,7 @@ FINGERPRINT_TAG = CONTROL | 8  # RINGCOMM_DEBUG=detail / CHECK_FINITE pre-flight
 PINGPONG_TAG = CONTROL | 12    # ringcomm.tune's point-to-point timings
 SPLIT_TAG = CONTROL | 16       # comm.split()'s exchange of colors and keys
 SEQ_MOD = 256
-COUNT_MOD = 512
+COUNT_MOD = 32
 USER_TAG_LIMIT = 1 << 23       # send/recv tags are 0 .. USER_TAG_LIMIT - 1
 STAMP_COUNT_SHIFT = 32         # a one-shot window stamp: the exact count above the 29-bit tag
 
@@ -50,20 +54,35 @@ def _name(code: int) -> str:
     return _names.get(code, f"collective {code}")
 
 
+_OP_CODES = {None: 0, **{op: i + 1 for i, op in enumerate(ReduceOp)}}
+
+
+def op_code(op) -> int:
+    """The envelope's op field: 0 for a collective that reduces nothing, else 1 + the op's place
+    in ReduceOp (``op``: a ReduceOp or None)."""
+    return _OP_CODES[op]
+
+
+def _op_name(code: int) -> str:
+    return "none" if code == 0 else OP_NAMES[code - 1] if code <= len(OP_NAMES) else f"op {code}"
+
+
 @lru_cache(maxsize=4096)
-def static_bits(code: int, dtype: Optional[str], count: int) -> int:
-    """The tag bits that do not change from call to call of one shape (all but the sequence)."""
+def static_bits(code: int, dtype: Optional[str], count: int, op: int = 0) -> int:
+    """The tag bits that do not change from call to call of one shape (all but the sequence);
+    ``op``: ``op_code`` of the call's reduction."""
     d = DTYPE_NAMES.index(dtype) if dtype else NO_DTYPE
-    return code << 15 | d << 11 | (count % COUNT_MOD) << 2
+    return code << 15 | d << 11 | op << 7 | (count % COUNT_MOD) << 2
 
 
 class Envelope:
     """The fields one collective call stamps on its messages (immutable by convention; built
     once per call, so it is a plain slotted class: a frozen dataclass costs twice as much)."""
-    __slots__ = ("seq", "code", "dtype", "count")
+    __slots__ = ("seq", "code", "dtype", "count", "op")
 
-    def __init__(self, seq: int, code: int, dtype: Optional[str], count: int):
+    def __init__(self, seq: int, code: int, dtype: Optional[str], count: int, op: int = 0):
         self.seq, self.code, self.dtype, self.count = seq, code, dtype, count   # dtype None: barrier
+        self.op = op   # op_code of the reduction, 0 for none
 
     @property
     def collective(self) -> str:
@@ -76,13 +95,14 @@ class Envelope:
         return hash(self.fields())
 
     def __repr__(self) -> str:
-        return f"Envelope(seq={self.seq}, collective={self.collective!r}, dtype={self.dtype!r}, count={self.count})"
+        return (f"Envelope(seq={self.seq}, collective={self.collective!r}, dtype={self.dtype!r}, count={self.count}, "
+                f"op={_op_name(self.op)!r})")
 
     def fields(self) -> tuple:
-        return self.seq, self.code, self.dtype, self.count
+        return self.seq, self.code, self.dtype, self.count, self.op
 
     def base_tag(self) -> int:
-        return (self.seq % SEQ_MOD) << 19 | static_bits(self.code, self.dtype, self.count)
+        return (self.seq % SEQ_MOD) << 19 | static_bits(self.code, self.dtype, self.count, self.op)
 
     def describe_mismatch(self, tag: int, peer: int) -> Optional[str]:
         """Why a message with ``tag`` from ``peer`` cannot belong to this collective, or None."""
@@ -92,7 +112,7 @@ class Envelope:
         if tag & P2P:
             return (f"rank {peer} sent a point-to-point message (tag {tag & (USER_TAG_LIMIT - 1)}) while this "
                     f"rank is in collective #{self.seq} ({self.collective}): the ranks disagree on what comes next")
-        seq, code, dtype, count = tag >> 19 & 255, tag >> 15 & 15, tag >> 11 & 15, tag >> 2 & 511
+        seq, code, dtype, op, count = tag >> 19 & 255, tag >> 15 & 15, tag >> 11 & 15, tag >> 7 & 15, tag >> 2 & 31
         theirs_coll = _name(code)
         theirs_dtype = DTYPE_NAMES[dtype] if dtype < len(DTYPE_NAMES) else None
         if seq != self.seq % SEQ_MOD:
@@ -103,6 +123,8 @@ class Envelope:
             diffs.append(f"collective: expected {self.collective}, received {theirs_coll}")
         if theirs_dtype != self.dtype:
             diffs.append(f"dtype: expected {self.dtype}, received {theirs_dtype}")
+        if op != self.op:
+            diffs.append(f"op: expected {_op_name(self.op)}, received {_op_name(op)}")
         if count != self.count % COUNT_MOD:
             diffs.append(f"count: expected {self.count} (= {self.count % COUNT_MOD} mod {COUNT_MOD}), "
                          f"received {count} mod {COUNT_MOD}")

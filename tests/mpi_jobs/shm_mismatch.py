@@ -4,8 +4,9 @@ how long it took, one line per case, in OUT_DIR/rank<R>.txt.
     mpirun -n N python shm_mismatch.py OUT_DIR SIZE [SIZE ...]      (SIZE in bytes, like 64M)
 
 Rank 1 is the odd one. Kinds: "collective" (it broadcasts while the others all-reduce), "dtype"
-(int32 instead of float32, the same bytes), "count+1" (one element more) and "count+1024" (1024
-more: the same count mod 1024, which is all a message tag carries). Each case runs on a fresh
+(int32 instead of float32, the same bytes), "op" (it takes the maximum where the others sum:
+each rank would return another result), "count+1" (one element more) and "count+1024" (1024
+more: the same count mod 32, which is all a message tag carries). Each case runs on a fresh
 communicator (the failed one refuses further calls) after a world barrier, so every case starts
 together. Line format: "case KIND SIZE: ERROR_TYPE after SECONDS s: MESSAGE".
 """
@@ -23,7 +24,7 @@ out_dir, sizes = sys.argv[1], [parse_size(s) for s in sys.argv[2:]]
 world = MPI.COMM_WORLD
 me = world.Get_rank()
 odd = me == 1
-KINDS = ("collective", "dtype", "count+1", "count+1024")
+KINDS = ("collective", "dtype", "op", "count+1", "count+1024")
 lines = []
 for nbytes in sizes:
     for kind in KINDS:
@@ -37,7 +38,7 @@ for nbytes in sizes:
             if kind == "collective" and odd:
                 comm.broadcast(x, root=0)
             else:
-                comm.all_reduce(x)
+                comm.all_reduce(x, "max" if odd and kind == "op" else "sum")
             outcome = "ok: no error"
         except ringcomm.CommError as err:
             outcome = f"{type(err).__name__}: {err}"
