@@ -110,6 +110,23 @@ def test_a_rooted_collective_mismatch_raises_on_every_rank_not_only_the_odd_ones
     assert time.monotonic() - started < 45
 
 
+@pytest.mark.parametrize("n", [2, 3, 4, 5])
+@pytest.mark.parametrize("count", [1, 100_000])
+def test_a_reduce_whose_ranks_name_different_roots_raises_on_every_rank_at_once(n, count, tmp_path):
+    """Rank 0 names root 1, the others root 0: each rank waits for its send to the root it
+    believes in, none for a receive, so only a message its schedule never takes shows the
+    disagreement (it was a timeout). Over shared memory a send waits for its receiver; where sends
+    complete eagerly (MPI, threads) such ranks return without a result, as MPI's would."""
+    env = {"RINGCOMM_TIMEOUT": "20", "FAULTS_OUT": str(tmp_path)}
+    run_mpi(n, "faults.py", "root", count, env=env, timeout=60, check=False)
+    got = outcomes(tmp_path)
+    assert sorted(got) == list(range(n)), got
+    for rank, (took, kind, msg) in got.items():
+        assert kind in ("MismatchError", "PeerAbortedError"), (rank, kind, msg)
+        assert took < 5, (rank, took, msg)
+    assert any(kind == "MismatchError" and "disagree on the root" in msg for _, kind, msg in got.values()), got
+
+
 @COUNTS
 def test_abort_reason_reaches_every_peer(count, tmp_path):
     env = {"RINGCOMM_TIMEOUT": "20", "FAULTS_OUT": str(tmp_path)}

@@ -120,8 +120,11 @@ class _Watch:
     """Deadline and diagnosis for one collective's waits."""
 
     def __init__(self, transport: Transport, envelope: Envelope, timeout: Optional[float], what: str,
-                 started: Optional[float] = None):
+                 started: Optional[float] = None, lanes: tuple = (), itemsize: int = 0):
         self.transport, self.envelope, self.timeout, self.what = transport, envelope, timeout, what
+        # The program's lanes and the size of its elements: to tell a message it never receives
+        # (``unexpected``).
+        self.lanes, self.itemsize = lanes, itemsize
         now = time.monotonic()
         self.deadline = None if timeout is None else (started or now) + timeout
         self.next_probe = now + DIAGNOSE_EVERY
@@ -165,6 +168,14 @@ class _Watch:
             # for became visible before that message did, so a re-test completes it.
             if reason and not (done is not None and done()):
                 raise MismatchError(f"{self.what} on rank {transport.rank}: {reason}")
+        if self.lanes:   # any peer's message this schedule never takes (``unexpected``)
+            for other in range(transport.size):
+                found = first if other == peer else None if other == transport.rank else transport.probe(other)
+                if found is not None and self.unexpected(found[1], found[2], other):
+                    raise MismatchError(
+                        f"{self.what} on rank {transport.rank}: rank {other} sent this rank {found[2]} bytes of "
+                        f"this collective, and this rank's schedule receives no message of that size from rank "
+                        f"{other}: the ranks disagree on the root (or on the count or the algorithm)")
         # A peer in a one-shot collective sends nothing to probe, but its window slot says
         # which collective it is in.
         window = transport.window
@@ -175,6 +186,17 @@ class _Watch:
                 f"rank {peer} differs in count: expected {self.envelope.count}, received {count}"))
             if reason and not (done is not None and done()):
                 raise MismatchError(f"{self.what} on rank {transport.rank}: {reason}")
+
+    def unexpected(self, tag: int, nbytes: int, peer: int) -> bool:
+        """Whether a message of this very collective (``tag`` less its channel) came from a peer
+        this rank's program never receives a message of that size from. Ranks that disagree on a
+        reduce's root can all wait to send, each to the root it believes in, and none would ever
+        look at a receive; the peer's message then is the only sign, and proof enough."""
+        if not self.lanes or tag & ~3 != self.envelope.base_tag():
+            return False
+        itemsize = self.itemsize
+        return not any(op.peer == peer and op.count * itemsize == nbytes for lane in self.lanes
+                       for _, ops, _, _ in lane for op in ops if not isinstance(op, Send))
 
 
 def read_notice(transport: Transport, notice: tuple) -> str:
@@ -207,7 +229,7 @@ def run(compiled: Compiled, transport: Transport, bufs: tuple, reduce: Optional[
     if not lanes:
         return
     base = envelope.base_tag()
-    watch = _Watch(transport, envelope, timeout, what)
+    watch = _Watch(transport, envelope, timeout, what, lanes=lanes, itemsize=like.itemsize)
     try:
         if len(lanes) == 1:
             _run_lane(lanes[0], transport, bufs, like, reduce, base, watch)

@@ -52,6 +52,8 @@ try:
             comm.gather(np.zeros(n * mine, np.float32) if comm.rank == 0 else None, np.ones(mine, np.float32))
         elif kind == "scatter":
             comm.scatter(np.zeros(mine, np.float32), np.ones(n * mine, np.float32) if comm.rank == 0 else None)
+    elif scenario == "root":   # rank 0 names root 1, the others root 0: every rank waits to send
+        comm.reduce(np.ones(count, np.float32), root=1 if comm.rank == 0 else 0)
     elif scenario == "abort":   # the odd rank gives up with a reason of its own
         if odd:
             comm.abort("the data loader of rank 1 ran dry")
