@@ -5,9 +5,9 @@ collective it is (its code, owned by its file in ringcomm/collectives), its dtyp
 op and its element count modulo 32. Ranks that disagree on any of these post receives that can
 never match the messages their peers send, so instead of silently reducing int32 bits as float32,
 mixing chunks of different lengths, or one rank summing what another takes the maximum of (each
-then returns another result: replicas that drift), the waits stall; the executor then looks at the first unmatched
-message from the peer it waits for (a probe) and raises MismatchError saying which field differs.
-That costs nothing on the fast path.
+would return another result: replicas that drift), the waits stall; the executor then looks at
+the first unmatched message from the peer it waits for (a probe) and raises MismatchError saying
+which field differs. That costs nothing on the fast path.
 
 Layout (29 bits: MPICH's tag bound here is 2**29 - 1):
   bit 28       control (abort notices, debug fingerprints): never a data message
@@ -15,11 +15,11 @@ Layout (29 bits: MPICH's tag bound here is 2**29 - 1):
   collectives:   bits 19..26 sequence mod 256 | 15..18 collective | 11..14 dtype
                  | 7..10 op (0: none) | 2..6 count mod 32 | 0..1 channel (independent streams
                  of one algorithm)
-A count that differs by a multiple of 32 still fails loudly: a message of another length is
-refused by its receiver, and a one-shot window stamp carries the exact count.
   point-to-point: bits 23..26 dtype | 0..22 the user's tag
 Sub-communicators keep their messages apart above bit 32 (transport views add their context
-there) or on MPI communicators of their own, so these 29 bits are per communicator.
+there) or on MPI communicators of their own, so these 29 bits are per communicator. A count that
+differs by a multiple of 32 still fails loudly: a message of another length is refused by its
+receiver, and a one-shot window stamp carries the exact count.
 """
 from __future__ import annotations
 

@@ -192,7 +192,7 @@ class _Watch:
         this rank's program never receives a message of that size from. Ranks that disagree on a
         reduce's root can all wait to send, each to the root it believes in, and none would ever
         look at a receive; the peer's message then is the only sign, and proof enough."""
-        if not self.lanes or tag & ~3 != self.envelope.base_tag():
+        if not self.lanes or tag & ((1 << 29) - 4) != self.envelope.base_tag():
             return False
         itemsize = self.itemsize
         return not any(op.peer == peer and op.count * itemsize == nbytes for lane in self.lanes
