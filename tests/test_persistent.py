@@ -89,7 +89,7 @@ def test_an_output_that_changed_since_init_is_refused():
 
 def test_a_count_mismatch_on_the_fast_road_is_a_mismatch_on_every_rank():
     def body(comm):
-        x = np.ones(256 + comm.rank * 512)   # equal mod 512: only the window stamp's exact count differs
+        x = np.ones(256 + comm.rank * 512)   # equal mod 32, all the tag holds: the window stamp's exact count differs
         p = comm.all_reduce_init(x, algorithm="one_shot")
         return p()
     with pytest.raises(MismatchError, match="count"):

@@ -151,7 +151,7 @@ def describe_p2p_mismatch(tag: int, dtype: str, user_tag: int, peer: int) -> Opt
 
 def window_stamp(seq: int, static: int, count: int) -> int:
     """What a one-shot round writes beside its slot: the call's tag (sequence and ``static``
-    bits) and its exact count, so ranks whose counts agree mod 512 still disagree here."""
+    bits) and its exact count, so ranks whose counts agree mod 32 still disagree here."""
     return count << STAMP_COUNT_SHIFT | (seq % SEQ_MOD) << 19 | static
 
 

@@ -180,7 +180,7 @@ class _Watch:
         # which collective it is in.
         window = transport.window
         stamp = None if window is None else window.ahead(peer)
-        if stamp is not None:   # the stamp has the exact count: counts equal mod 1024 differ there
+        if stamp is not None:   # the stamp has the exact count: counts equal mod 32 differ there
             tag, count = stamp_parts(stamp)
             reason = self.envelope.describe_mismatch(tag, peer) or (count != self.envelope.count and (
                 f"rank {peer} differs in count: expected {self.envelope.count}, received {count}"))
