@@ -332,7 +332,6 @@ class Communicator(PointToPoint, SubCommunicators):
             return
         inp, out = call.arrays()
         dname = call.dtype.name if call.dtype else None
-        op = op_code(call.op)
         if plan.window is not None:
             if self.size == 1:
                 if not call.in_place:
@@ -342,13 +341,14 @@ class Communicator(PointToPoint, SubCommunicators):
             plan.window.run(self.transport.window, inp, out, plan.shape, plan.reduce,
                             window_stamp(seq, plan.static, plan.count), plan.word,
                             lambda: executor.WindowGuard(
-                                self.transport, Envelope(seq, call.collective.code, dname, plan.count, op),
+                                self.transport,
+                                Envelope(seq, call.collective.code, dname, plan.count, op_code(call.op)),
                                 self.timeout, self._what(call, seq, plan.algorithm), started, plan.count,
                                 plan.word, call.collective.describe_word))
             return
         if call.device != "cpu" and self.size > 1:
             self._device_route(call, seq, plan.algorithm)
-        envelope = Envelope(seq, call.collective.code, dname, plan.count, op)
+        envelope = Envelope(seq, call.collective.code, dname, plan.count, op_code(call.op))
         bufs = (inp, out, None)
         what = self._what(call, seq, plan.algorithm)
         if type(self.transport).stage is Transport.stage:   # nothing to stage: skip the ~1 us context

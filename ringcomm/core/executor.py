@@ -170,7 +170,9 @@ class _Watch:
                 raise MismatchError(f"{self.what} on rank {transport.rank}: {reason}")
         if self.lanes:   # any peer's message this schedule never takes (``unexpected``)
             for other in range(transport.size):
-                found = first if other == peer else None if other == transport.rank else transport.probe(other)
+                if other == transport.rank:
+                    continue
+                found = first if other == peer else transport.probe(other)
                 if found is not None and self.unexpected(found[1], found[2], other):
                     raise MismatchError(
                         f"{self.what} on rank {transport.rank}: rank {other} sent this rank {found[2]} bytes of "
@@ -192,7 +194,7 @@ class _Watch:
         this rank's program never receives a message of that size from. Ranks that disagree on a
         reduce's root can all wait to send, each to the root it believes in, and none would ever
         look at a receive; the peer's message then is the only sign, and proof enough."""
-        if not self.lanes or tag & ((1 << 29) - 4) != self.envelope.base_tag():
+        if tag & ((1 << 29) - 4) != self.envelope.base_tag():
             return False
         itemsize = self.itemsize
         return not any(op.peer == peer and op.count * itemsize == nbytes for lane in self.lanes
