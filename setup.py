@@ -12,9 +12,9 @@ setup(ext_modules=[
         "ringcomm.core._round", ["ringcomm/core/_round.c"], optional=True,
         # No fused multiply-add and no reassociation: the round must round exactly as numpy does.
         extra_compile_args=["-O3", "-ffp-contract=off", "-fno-fast-math", "-std=gnu11"],
-        include_dirs=["ringcomm/core"], depends=["ringcomm/core/_polling.h"],
+        include_dirs=["ringcomm/core"], depends=["ringcomm/core/_polling.h", "ringcomm/core/_copy.h"],
     ),
     Extension("ringcomm.transport.shm._pipe", ["ringcomm/transport/shm/_pipe.c"], optional=True,
               extra_compile_args=["-O3", "-std=gnu11"],
-              include_dirs=["ringcomm/core"], depends=["ringcomm/core/_polling.h"]),
+              include_dirs=["ringcomm/core"], depends=["ringcomm/core/_polling.h", "ringcomm/core/_copy.h"]),
 ])

@@ -130,7 +130,8 @@ VARIABLES = {v.name: v for v in (
     Variable("RINGCOMM_COMPILED", "a boolean: 1/0, true/false, yes/no, on/off", "1",
              "run small window collectives (all-reduce, broadcast, all-gather, all-to-all, "
              "reduce-scatter, gather, scatter) through the compiled rounds where they were built (0: the Python "
-             "rounds, same results), and large sends through pipes where CMA is off (0: the pool or MPI)",
+             "rounds, same results), large sends through pipes where CMA is off (0: the pool or MPI), and copies "
+             "between buffers a few bytes apart modulo a page in pieces (0: numpy's copy, slower there)",
              _bool, True),
     Variable("RINGCOMM_TUNING_FILE", "a path", "~/.cache/ringcomm/tuning.json",
              "the tuning file ringcomm.tune writes and the selector reads", _text),

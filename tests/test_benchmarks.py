@@ -262,3 +262,14 @@ def test_cma_copy_times_both_directions_and_a_memcpy():
     assert all(float(v) > 0 for r in rows for v in r[3:]), proc.stdout
     bad = subprocess.run(tool + ["--pages", "2m"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--pages: expected a comma list of 4k, huge, got '2m'" in bad.stderr
+
+
+def test_copy_distance_times_every_copy_at_both_distances():
+    """benchmarks/copy_distance.py: a row per size and distance, every figure a time."""
+    import subprocess
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "copy_distance.py"), "--sizes", "16K,64K",
+                           "-n", "3", "--rounds", "1"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    rows = [line.split() for line in proc.stdout.splitlines() if not line.startswith("#")]
+    assert [(int(r[0]), int(r[1])) for r in rows] == [(16384, 0), (16384, 16), (65536, 0), (65536, 16)]
+    assert all(len(r) in (4, 6) and all(float(v) > 0 for v in r[2:]) for r in rows), proc.stdout

@@ -25,6 +25,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "_copy.h"
 #include "_polling.h"
 
 #define LINE 64
@@ -104,7 +105,7 @@ static int odd_stamp(const Core *c, int64_t k, int64_t stamp, int64_t word) {
 static int reduce_slots(int code, char *out, char *const *src, int n, Py_ssize_t count) {
     int op = code / N_TYPES, type = code % N_TYPES;
     if (n == 1) {   /* one rank: its own slot is the result */
-        memcpy(out, src[0], count * ITEMSIZE[type]);
+        rc_copy(out, src[0], count * ITEMSIZE[type]);
         return 0;
     }
     switch (type) {
@@ -243,7 +244,7 @@ static PyObject *core_all_reduce(Core *self, PyObject *const *args, Py_ssize_t n
     Py_ssize_t count = in.len / ITEMSIZE[code % N_TYPES];
     int status;
     Py_BEGIN_ALLOW_THREADS
-    memcpy(payload(self, self->rank, k), in.buf, in.len);
+    rc_copy(payload(self, self->rank, k), in.buf, in.len);
     status = post_and_wait(self, k, stamp, word, spin);
     if (status == 0) reduce_slots((int)code, out.buf, slots_of(self, k), self->size, count);
     Py_END_ALLOW_THREADS
@@ -323,7 +324,7 @@ static void plan_writes(const Core *c, int64_t k, const Plan *p, const char *src
     char *slot = payload(c, c->rank, k);
     for (Py_ssize_t i = 0; i < p->nw; i++) {
         const int64_t *e = p->w + 3 * i;
-        memcpy(slot + e[1], src + e[0], e[2]);
+        rc_copy(slot + e[1], src + e[0], e[2]);
     }
 }
 
@@ -336,7 +337,7 @@ static int plan_reads(const Core *c, int64_t k, const Plan *p, const char *src, 
         for (Py_ssize_t i = 0; i < p->nr; i++) {
             const int64_t *e = p->r + 4 * i;
             const char *from = e[0] < 0 ? src + e[1] : payload(c, (int)e[0], k) + e[1];
-            memmove(dst + e[2], from, e[3]);
+            rc_move(dst + e[2], from, e[3]);
         }
         return 0;
     }
@@ -348,7 +349,7 @@ static int plan_reads(const Core *c, int64_t k, const Plan *p, const char *src, 
         const char *from = e[0] < 0 ? src + e[1] : payload(c, (int)e[0], k) + e[1];
         if (from < out + len && out < from + len) {
             if ((spare = PyMem_RawMalloc(len ? len : 1)) == NULL) return -1;
-            memcpy(spare, from, len);
+            rc_copy(spare, from, len);
             from = spare;
         }
         c->slots[i] = (char *)from;
@@ -469,8 +470,39 @@ static PyObject *module_address(PyObject *module, PyObject *obj) {
     return result;
 }
 
+/* copy(dst, src): dst's bytes = src's (two contiguous buffers of one length), by rc_copy
+ * (_copy.h): memcpy, or memcpy in pieces where the two lie a few bytes apart modulo a page. The
+ * GIL is let go for copies long enough to be worth the hand-over, as numpy does. */
+static PyObject *module_copy(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "copy(dst, src)");
+        return NULL;
+    }
+    Py_buffer dst, src;
+    if (PyObject_GetBuffer(args[0], &dst, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if (PyObject_GetBuffer(args[1], &src, PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&dst);
+        return NULL;
+    }
+    if (dst.len != src.len) {
+        PyErr_Format(PyExc_ValueError, "copy: dst has %zd bytes, src %zd", dst.len, src.len);
+    } else if (dst.len >= (64 << 10)) {
+        Py_BEGIN_ALLOW_THREADS
+        rc_move(dst.buf, src.buf, (size_t)dst.len);
+        Py_END_ALLOW_THREADS
+    } else {
+        rc_move(dst.buf, src.buf, (size_t)dst.len);
+    }
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    if (PyErr_Occurred()) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef module_methods[] = {
     {"address", (PyCFunction)module_address, METH_O, "address(array) -> the address of its first element"},
+    {"copy", (PyCFunction)(void (*)(void))module_copy, METH_FASTCALL,
+     "copy(dst, src): copy src's bytes into dst (contiguous, same length), avoiding slow rep movsb distances"},
     {NULL, NULL, 0, NULL},
 };
 

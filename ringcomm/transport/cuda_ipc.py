@@ -87,7 +87,7 @@ class CudaIpcTransport(ShmTransport):
     def _aborted(self, reason) -> None:
         self.__dict__["_aborted_reason"] = reason
 
-    _host_pipes = False   # a pipe's C loop copies host memory; device sends take the device pool
+    _host_memory = False   # pipes' and copies' C loops copy host memory; device sends take the device pool
 
     def _direct_reads_blocked(self) -> str:
         return "device memory: process_vm_readv reads host memory only"
@@ -172,7 +172,7 @@ class CudaIpcTransport(ShmTransport):
         return self.cupy.asarray(tmp)
 
     def _move(self, req) -> bool:
-        done = super()._move(req)   # always True here: no pipes on device memory (_host_pipes)
+        done = super()._move(req)   # always True here: no pipes on device memory (_host_memory)
         if req.seg >= 0:   # read in place from a peer's device segment (not empty, not over MPI)
             self._bytes["device"] += req.nbytes
         return done

@@ -24,6 +24,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "_copy.h"
 #include "_polling.h"
 
 #define LINE 64
@@ -95,7 +96,7 @@ static int fill(const Pipe *p) {
             free_until = __atomic_load_n(taken(p), __ATOMIC_ACQUIRE) + p->cells;
             if (i >= free_until) break;
         }
-        memcpy(cell(p, i), p->buf + i * p->cell, (size_t)length(p, i));
+        rc_copy(cell(p, i), p->buf + i * p->cell, (size_t)length(p, i));
         __atomic_store_n(written(p), ++i, __ATOMIC_RELEASE);
         moved = 1;
     }
@@ -111,7 +112,7 @@ static int drain(const Pipe *p) {
     int64_t ready = __atomic_load_n(written(p), __ATOMIC_ACQUIRE);
     int moved = 0;
     while (i < p->chunks && i < ready) {
-        memcpy(p->buf + i * p->cell, cell(p, i), (size_t)length(p, i));
+        rc_copy(p->buf + i * p->cell, cell(p, i), (size_t)length(p, i));
         __atomic_store_n(taken(p), ++i, __ATOMIC_RELEASE);
         moved = 1;
         if (i >= ready) ready = __atomic_load_n(written(p), __ATOMIC_ACQUIRE);

@@ -428,7 +428,7 @@ class Messages:
             src = view[req.off:req.off + req.nbytes]
         src = src.view(buf.dtype).reshape(buf.shape)
         if req.reduce is None:
-            buf[...] = src
+            self._copy(buf, src)
         else:
             _reduce(req, buf, src, 0)
         self._after_consume()

@@ -27,6 +27,7 @@ from typing import Optional
 import numpy as np
 
 from ... import env
+from ...core import copying
 from ...diagnostics import faults
 from ...errors import CommError, PeerAbortedError, UsageError
 from ..base import Transport
@@ -92,7 +93,9 @@ class ShmTransport(Messages, Transport):
     name = "shm"
     payload_tag = 7   # the MPI tag of every payload over MPI (messages.py); one per transport kind
     _by_fd = True   # share segments by descriptor (segments.py); False once the node cannot
-    _host_pipes = True   # large sends may go through pipes (pipe.py): the pool and sends are host memory
+    # The pool and sends are host memory: large sends may go through pipes (pipe.py), and copies
+    # go through core/_copy.h (core/copying.py).
+    _host_memory = True
 
     def __init__(self, node_comm, ranks, *, world_rank: int, world_size: int,
                  setup_timeout: float = 300.0):
@@ -143,7 +146,9 @@ class ShmTransport(Messages, Transport):
         wanted, share = self._choose_share(min(known) if known else None, layout)
         self._probe = np.array([secrets.randbits(62)], np.int64)   # private memory, kept alive
         self._cma_why: Optional[str] = None
-        self._memory = cma.PeerMemory(self.rank, self.ranks, self._pids)
+        self._copy = copying.copier() if self._host_memory else copying.numpy_copy
+        self._raw_copy = self._copy is copying.copy   # the compiled copy, for the pool's memoryviews
+        self._memory = cma.PeerMemory(self.rank, self.ranks, self._pids, self._copy)
         sizes = [layout.bytes(self._host_pool_bytes(s)) for s in self._fallbacks(share)]
         created = self._create("created", "mapped", sizes, "setup", prepare=self._write_header,
                                on_mapped=self._probe_peer)
@@ -170,7 +175,7 @@ class ShmTransport(Messages, Transport):
         # Pipes where this node cannot use CMA (containers often forbid it): where it can, one CMA
         # copy beats the pipe's two from 16 MiB on and ties it at 4 MiB (docs/transports.md).
         # They need the compiled piece, and a host pool whose share holds a ring (not cuda_ipc's).
-        self._pipe_ok = bool(not self._direct and self._host_pipes and pipe.enabled() and self.pool is not None
+        self._pipe_ok = bool(not self._direct and self._host_memory and pipe.enabled() and self.pool is not None
                              and self._pool_view is not None and self.pool_share >= pipe.RING_BYTES)
         self._pipe_spin = spin_for(self.n)
         whole_job = self.ranks == list(range(self.size))
@@ -405,6 +410,9 @@ class ShmTransport(Messages, Transport):
 
     def _copy_in(self, off: int, buf) -> None:
         if self._pool_view is not None and type(buf) is np.ndarray and buf.flags.c_contiguous:
+            if self._raw_copy and buf.nbytes > copying.PIECE:
+                copying.copy_bytes(self._pool_view[off:off + buf.nbytes], buf)
+                return
             try:   # through memoryviews: half the cost of numpy's slice, view and assignment
                 self._pool_view[off:off + buf.nbytes] = memoryview(buf).cast("B")
                 return

@@ -1,0 +1,55 @@
+/* How the compiled pieces copy bytes between two buffers (core/_round.c, transport/shm/_pipe.c,
+ * and every Python copy on the hot paths through _round.copy: core/copying.py).
+ *
+ * glibc's memcpy moves a copy of a few KiB to several hundred KiB with one `rep movsb`, and on
+ * the AMD EPYC we measure (glibc 2.36) that instruction runs 6-12x slower when the destination
+ * lies 1 to 31 bytes past the source modulo 4 KiB: 256 KiB in 150 us instead of 13. Such
+ * distances are common, not bad luck: numpy's large arrays start 16 bytes into a page (malloc's
+ * header) and the staging pool's messages at a page, so every receive of a pooled message into
+ * a numpy array copied slowly. Copied in 2 KiB pieces, under glibc's threshold for `rep movsb`,
+ * the same copy takes its vector loop and runs at full speed (benchmarks/copy_distance.py;
+ * docs/transports.md, "Copies whose buffers are a few bytes apart"). The pieces are taken only
+ * where the distance is in the window (a cache line, with margin) and the size is in the range
+ * glibc hands to rep movsb, so every other copy is memcpy's, unchanged. */
+#ifndef RINGCOMM_COPY_H
+#define RINGCOMM_COPY_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#define RC_COPY_WINDOW 64      /* (dst - src) mod 4 KiB in [1, RC_COPY_WINDOW): the slow distances */
+#define RC_COPY_PIECE 2048     /* under glibc's rep movsb threshold for every vector size */
+/* From here on glibc leaves rep movsb for its own vector loop (from 512 KiB here, the L2 of a
+ * core), which is as fast at any distance, and faster than pieces: 4 MiB 133-156 us against 192. */
+#define RC_COPY_LIMIT (1 << 20)
+
+static inline int rc_slow_distance(const void *dst, const void *src) {
+    size_t d = ((uintptr_t)dst - (uintptr_t)src) & 4095;
+    return d != 0 && d < RC_COPY_WINDOW;
+}
+
+/* The pieces call glibc's memcpy through a pointer the compiler cannot see through: given a
+ * constant 2 KiB it would inline `rep movsq`, which is as slow at these distances. */
+static void *(*volatile const rc_memcpy)(void *, const void *, size_t) = memcpy;
+
+static inline void rc_copy(void *dst, const void *src, size_t n) {
+    if (n <= RC_COPY_PIECE || n >= RC_COPY_LIMIT || !rc_slow_distance(dst, src)) {
+        memcpy(dst, src, n);
+        return;
+    }
+    char *d = (char *)dst;
+    const char *s = (const char *)src;
+    for (size_t i = 0; i < n; i += RC_COPY_PIECE)
+        rc_memcpy(d + i, s + i, n - i < RC_COPY_PIECE ? n - i : RC_COPY_PIECE);
+}
+
+/* memmove's contract: ranges that overlap go to memmove itself. */
+static inline void rc_move(void *dst, const void *src, size_t n) {
+    if ((const char *)src < (const char *)dst + n && (const char *)dst < (const char *)src + n)
+        memmove(dst, src, n);
+    else
+        rc_copy(dst, src, n);
+}
+
+#endif

@@ -1,0 +1,73 @@
+"""Copies between two buffers on the hot paths, safe from the slow distances of ``rep movsb``.
+
+On the AMD EPYC we measure (glibc 2.36, Linux 6.18) a copy of 4 KiB to ~700 KiB whose
+destination lies 1 to 31 bytes past its source modulo 4 KiB runs 6-12x slower through memcpy,
+and a process_vm_readv (CMA) of any size 2-5x slower: both end in ``rep movsb``, which these CPUs
+run slowly at such distances. Such distances are the common case here, not bad luck: numpy's
+large arrays start 16 bytes into a page (malloc's header), torch's at a page (or 64 bytes in),
+the staging pool's messages and the chunk buffers at a page or a cache line.
+docs/transports.md ("Copies whose buffers are a few bytes apart") has the measurements.
+
+Two remedies, one per kind of copy:
+- a copy in this process: ``copy`` goes through core/_copy.h, which copies in 2 KiB pieces (under
+  glibc's threshold for ``rep movsb``) where the distance is slow and is memcpy elsewhere;
+- a CMA read or write, whose copy is the kernel's: the side this rank owns is a scratch buffer
+  placed at the other side's page offset (``like``), or where it is the caller's own array at a
+  slow distance, the bytes go through such a scratch buffer and ``copy`` (cma.py).
+
+Without the compiled piece (no compiler at install, RINGCOMM_COMPILED=0) ``copy`` is numpy's
+assignment: same bytes, the slow speed where the distance is slow.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import numpy as np
+
+from .. import env
+from .compiled import array_address
+
+try:
+    from ._round import copy as copy_bytes   # copy_bytes(dst, src): two contiguous buffers of one length
+except ImportError:   # not built: numpy's copy
+    copy_bytes = None
+
+PAGE = 4096
+WINDOW = 64     # (dst - src) mod PAGE in [1, WINDOW): slow (1-31 measured; a cache line, with margin)
+PIECE = 2048    # no memcpy this short takes rep movsb: core/_copy.h copies in such pieces
+LIMIT = 1 << 20   # nor this long (glibc's vector loop from 512 KiB here): memcpy whole, as numpy does
+
+
+def slow_distance(dst: int, src: int) -> bool:
+    """Whether a copy to address ``dst`` from address ``src`` runs at rep movsb's slow speed."""
+    d = (dst - src) % PAGE
+    return 0 < d < WINDOW
+
+
+def copier() -> Callable[[np.ndarray, np.ndarray], None]:
+    """The copy a transport built now uses: compiled where built and RINGCOMM_COMPILED allows."""
+    return copy if copy_bytes is not None and env.get("RINGCOMM_COMPILED") else numpy_copy
+
+
+def copy(dst: np.ndarray, src: np.ndarray) -> None:
+    """``dst[...] = src`` for arrays of one dtype and shape, through core/_copy.h when both are
+    contiguous and of a length glibc copies with rep movsb (PIECE to LIMIT)."""
+    if PIECE < dst.nbytes < LIMIT and dst.flags.c_contiguous and src.flags.c_contiguous:
+        copy_bytes(dst, src)
+    else:
+        dst[...] = src
+
+
+def numpy_copy(dst: np.ndarray, src: np.ndarray) -> None:
+    dst[...] = src
+
+
+def like(scratch: np.ndarray, addr: int, nbytes: int) -> Optional[np.ndarray]:
+    """``nbytes`` of ``scratch`` (uint8, at least nbytes + PAGE long) starting at ``addr``'s page
+    offset, so that a CMA transfer between them and ``addr`` runs at full speed; None if
+    ``scratch`` is too short."""
+    base = array_address(scratch)
+    off = (addr - base) % PAGE
+    if off + nbytes > scratch.nbytes:
+        return None
+    return scratch[off:off + nbytes]
