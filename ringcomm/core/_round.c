@@ -484,7 +484,8 @@ static PyObject *module_copy(PyObject *module, PyObject *const *args, Py_ssize_t
         PyBuffer_Release(&dst);
         return NULL;
     }
-    if (dst.len != src.len) {
+    int same = dst.len == src.len;
+    if (!same) {
         PyErr_Format(PyExc_ValueError, "copy: dst has %zd bytes, src %zd", dst.len, src.len);
     } else if (dst.len >= (64 << 10)) {
         Py_BEGIN_ALLOW_THREADS
@@ -495,7 +496,7 @@ static PyObject *module_copy(PyObject *module, PyObject *const *args, Py_ssize_t
     }
     PyBuffer_Release(&src);
     PyBuffer_Release(&dst);
-    if (PyErr_Occurred()) return NULL;
+    if (!same) return NULL;
     Py_RETURN_NONE;
 }
 

@@ -138,7 +138,7 @@ class PeerMemory:
 
     def pull(self, p: int, addr: int, dst: np.ndarray) -> None:
         """Copy ``dst.nbytes`` bytes at ``addr`` of node rank ``p``'s memory into ``dst``."""
-        if dst.nbytes > copying.PIECE and copying.slow_distance(address(dst), addr):
+        if dst.nbytes > copying.PIECE and dst.flags.c_contiguous and copying.slow_distance(address(dst), addr):
             flat = dst.reshape(-1).view(np.uint8)
             for i in range(0, flat.size, CHUNK):
                 part = flat[i:i + CHUNK]
@@ -150,7 +150,7 @@ class PeerMemory:
 
     def push(self, p: int, addr: int, src: np.ndarray) -> None:
         """Copy ``src`` (contiguous) to ``addr`` of node rank ``p``'s memory."""
-        if src.nbytes > copying.PIECE and copying.slow_distance(addr, address(src)):
+        if src.nbytes > copying.PIECE and src.flags.c_contiguous and copying.slow_distance(addr, address(src)):
             flat = src.reshape(-1).view(np.uint8)
             for i in range(0, flat.size, CHUNK):
                 part = flat[i:i + CHUNK]
