@@ -1,11 +1,11 @@
 """Copies between two buffers on the hot paths, safe from the slow distances of ``rep movsb``.
 
-On the AMD EPYC we measure (glibc 2.36, Linux 6.18) a copy of 4 KiB to ~700 KiB whose
+On the AMD EPYC we measure (glibc 2.36, Linux 6.18) a copy of 2 KiB to 512 KiB whose
 destination lies 1 to 31 bytes past its source modulo 4 KiB runs 6-12x slower through memcpy,
 and a process_vm_readv (CMA) of any size 2-5x slower: both end in ``rep movsb``, which these CPUs
 run slowly at such distances. Such distances are the common case here, not bad luck: numpy's
 large arrays start 16 bytes into a page (malloc's header), torch's at a page (or 64 bytes in),
-the staging pool's messages and the chunk buffers at a page or a cache line.
+the staging pool's messages at a page.
 docs/transports.md ("Copies whose buffers are a few bytes apart") has the measurements.
 
 Two remedies, one per kind of copy:
