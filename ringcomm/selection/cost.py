@@ -139,6 +139,18 @@ def crowded_window(link: Optional[Link], ranks_per_core: float) -> Optional[Link
     return Link(link.alpha + HANDOFF, link.beta, link.gamma, link.call)
 
 
+def crowded_round(link: Optional[Link], ranks_per_core: float) -> Optional[Link]:
+    """The compiled all-reduce round as oversubscribed ranks see it: crowded like a message link
+    (its copies and reductions are CPU work on a share of a core), but a round waits for every
+    rank of the node, not for one peer, so it pays a hand-off per rank sharing a core. With one
+    hand-off, 4 ranks on 2 cores ran one_shot at 1 MiB, measured 1.2-1.8x slower than direct in
+    four launches (two rounds of 512 KiB: 1.08-1.90 ms against 0.90-1.29; docs/selection.md)."""
+    crowd = crowded(link, ranks_per_core)
+    if crowd is None or ranks_per_core <= 1:
+        return crowd
+    return Link(crowd.alpha + HANDOFF * (ranks_per_core - 1), crowd.beta, crowd.gamma, crowd.call)
+
+
 def crowded_reads(link: Optional[Link], ranks_per_core: float) -> Optional[Link]:
     """Direct reads of peers' memory as oversubscribed ranks see them: all CPU work on a share of
     a core (a system call and a copy), but no hand-off: a read waits for no peer (the window

@@ -26,7 +26,7 @@ from .. import algorithms, env
 from ..core.ops import DTYPES, ReduceOp, round_code
 from ..errors import UsageError
 from ..topology import last_level_cache
-from .cost import Link, Network, crowded, crowded_reads, crowded_window
+from .cost import Link, Network, crowded, crowded_reads, crowded_round, crowded_window
 from .tuning import DEFAULT_TUNING, Tuning, load_tuning
 
 MEMO_LIMIT = 4096   # distinct (collective, bytes, shape) choices remembered per selector
@@ -212,7 +212,7 @@ class Selector:
                 intra, inter = (self.tuning.link(r, dtype) for r in routes)
             window = self.tuning.link(f"{routes[0]}-window", dtype) if window_bytes else None
             reads = self.tuning.link(f"{routes[0]}-direct", dtype) if window_bytes and direct else None
-            round_ = None   # crowded like a message link: its copies are all CPU work on a shared core
+            round_ = None
             if window_bytes and compiled and f"{routes[0]}-round" in self.tuning.links and compiles(dtype):
                 round_ = self.tuning.link(f"{routes[0]}-round", dtype).with_gamma(0.0)
             c = self.ranks_per_core
@@ -222,7 +222,7 @@ class Selector:
             cached = self.tuning.link(cached, dtype) if window and c <= 1 and cached in self.tuning.links else None
             net = self._networks[key] = Network(crowded(intra, c), crowded(inter, c), local_sizes(nodes, size),
                                                 window=crowded_window(window, c), window_bytes=window_bytes,
-                                                direct=crowded_reads(reads, c), round=crowded(round_, c),
+                                                direct=crowded_reads(reads, c), round=crowded_round(round_, c),
                                                 crowding=c, window_cached=cached, cache_bytes=self.cache_bytes)
         return net
 
