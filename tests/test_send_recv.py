@@ -1,11 +1,14 @@
 """send/recv: messages between a pair under one tag arrive in order; tags keep streams apart; a
 receive of another dtype or length raises MismatchError on the receiver (never a truncated or
 reinterpreted buffer); any-source receives name their sender; nothing waits forever."""
+import time
+
 import numpy as np
 import pytest
 import torch
 
 from ringcomm import CommError, CommTimeoutError, MismatchError
+from ringcomm.core import executor
 from ringcomm.testing import run_threads
 from thread_util import in_thread
 
@@ -104,6 +107,41 @@ def test_a_receive_from_any_rank_that_does_not_fit_names_the_call_once():
     text = str(info.value)
     assert text.startswith("recv p2p#1 from any rank (tag 4) on rank 1: ") and text.count("p2p#1") == 1, text
     assert "24" in text and "20" in text, text
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "one_shot"])
+def test_a_send_may_wait_for_its_receive_across_collectives(algorithm):
+    """MPI's rule: rank 0 sends, then both run collectives, and rank 1 receives afterwards. Rank 1
+    waits in the collectives long enough to look for a reason (executor.DIAGNOSE_EVERY) with the
+    sends unreceived; they are no sign that the ranks disagree."""
+    def body(comm):
+        if comm.rank == 0:
+            for i in range(3):
+                comm.send(np.full(4, float(i)), 1, tag=i)
+            time.sleep(6 * executor.DIAGNOSE_EVERY)
+        comm.barrier()
+        x = np.full(5, comm.rank + 1.0)
+        comm.all_reduce(x, algorithm=algorithm)
+        got = [comm.recv(np.zeros(4), 0, tag=i)[0] for i in range(3)] if comm.rank == 1 else None
+        return x[0], got
+    assert run_threads(2, body, timeout=30) == [(3.0, None), (3.0, [0.0, 1.0, 2.0])]
+
+
+def test_a_stalled_collective_passes_over_unreceived_sends_to_the_message_that_explains_it():
+    """Rank 0 sent a point-to-point message, then a broadcast's; rank 1, stalled in an all_reduce,
+    names the broadcast (the send ahead of it is no reason: the test above)."""
+    from ringcomm import collectives
+    from ringcomm.core.envelope import Envelope, p2p_tag
+    from ringcomm.core.executor import _Watch
+    from ringcomm.transport.threads import ThreadsTransport, ThreadsWorld
+    world = ThreadsWorld(2)
+    sender, receiver = ThreadsTransport(world, 0), ThreadsTransport(world, 1)
+    sender.isend(np.zeros(4), 1, p2p_tag("float64", 0))
+    theirs = Envelope(5, collectives.get("broadcast").code, "float64", 8)
+    sender.isend(np.zeros(8), 1, theirs.base_tag())
+    ours = Envelope(5, collectives.get("all_reduce").code, "float64", 8, op=1)
+    with pytest.raises(MismatchError, match="expected all_reduce, received broadcast"):
+        _Watch(receiver, ours, 60.0, "all_reduce #5").diagnose(0)
 
 
 def test_a_receive_nobody_sends_times_out_naming_the_peer_and_tag():

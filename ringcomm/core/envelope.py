@@ -107,11 +107,8 @@ class Envelope:
     def describe_mismatch(self, tag: int, peer: int) -> Optional[str]:
         """Why a message with ``tag`` from ``peer`` cannot belong to this collective, or None."""
         tag &= (1 << 29) - 1
-        if tag & CONTROL:
+        if tag & (CONTROL | P2P):   # a send may wait for its receive across collectives (MPI's rule)
             return None
-        if tag & P2P:
-            return (f"rank {peer} sent a point-to-point message (tag {tag & (USER_TAG_LIMIT - 1)}) while this "
-                    f"rank is in collective #{self.seq} ({self.collective}): the ranks disagree on what comes next")
         seq, code, dtype, op, count = tag >> 19 & 255, tag >> 15 & 15, tag >> 11 & 15, tag >> 7 & 15, tag >> 2 & 31
         theirs_coll = _name(code)
         theirs_dtype = DTYPE_NAMES[dtype] if dtype < len(DTYPE_NAMES) else None

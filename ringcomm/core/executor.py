@@ -20,7 +20,7 @@ import numpy as np
 from ..errors import CommTimeoutError, MismatchError, PeerAbortedError
 from ..transport.base import Reducer, Transport
 from ..transport.window import POISON
-from .envelope import ABORT_TAG, Envelope, stamp_parts
+from .envelope import ABORT_TAG, P2P, Envelope, stamp_parts
 from .schedule import TMP, Copy, Recv, RecvReduce, Send, lanes_of, prologue_of, scratch_elements, sends_first
 
 _NOTHING = np.empty(0, np.uint8)   # the buffers of a call without any (barrier)
@@ -161,7 +161,10 @@ class _Watch:
         notice = transport.probe(None, ABORT_TAG)
         if notice is not None:
             raise PeerAbortedError(f"{self.what} on rank {transport.rank}: {read_notice(transport, notice)}")
-        first = transport.probe(peer)
+        # A point-to-point send still waiting for its receive is no sign of disagreement: MPI lets
+        # a rank send, run collectives, and receive afterwards. Such sends are passed over, so a
+        # collective message behind one still explains a stall.
+        first = transport.probe(peer, skip=P2P)
         if first is not None:
             reason = self.envelope.describe_mismatch(first[1], peer)
             # A peer already in the next collective has finished this one: what this rank waited
@@ -172,7 +175,7 @@ class _Watch:
             for other in range(transport.size):
                 if other == transport.rank:
                     continue
-                found = first if other == peer else transport.probe(other)
+                found = first if other == peer else transport.probe(other, skip=P2P)
                 if found is not None and self.unexpected(found[1], found[2], other):
                     raise MismatchError(
                         f"{self.what} on rank {transport.rank}: rank {other} sent this rank {found[2]} bytes of "

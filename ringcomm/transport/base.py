@@ -120,10 +120,13 @@ class Transport(ABC):
         (its named buffers). Sends may come from any of them, receives land in them directly."""
         yield
 
-    def probe(self, source: Optional[int], tag: Optional[int] = None, context: int = 0) -> Optional[tuple]:
+    def probe(self, source: Optional[int], tag: Optional[int] = None, context: int = 0,
+              skip: int = 0) -> Optional[tuple]:
         """(source, tag, nbytes) of the earliest unmatched message from ``source`` (None: any)
         with ``tag`` (None: any tag of communicator ``context``, i.e. tag >> 32 == context),
-        without receiving it; None if there is none.
+        without receiving it; None if there is none. With no ``tag``, messages whose tag has any
+        bit of ``skip`` are passed over (a collective looking for a peer's message that explains
+        its stall passes over point-to-point sends still waiting for their receive).
 
         Only the slow path uses it, to explain a stalled wait (a peer in another collective, or a
         peer that gave up). A transport that cannot probe returns None: stalls then end as timeouts.

@@ -91,12 +91,14 @@ class MPITransport(Transport):
     def irecv(self, buf, peer, tag):
         return MPIRecvRequest(self.comm.Irecv(self._bytes(buf), source=peer, tag=tag), self, buf.nbytes, peer)
 
-    def probe(self, source, tag=None, context=0):
+    def probe(self, source, tag=None, context=0, skip=0):
         from mpi4py import MPI
         status = MPI.Status()
         found = self.comm.Iprobe(source=MPI.ANY_SOURCE if source is None else source,
                                  tag=MPI.ANY_TAG if tag is None else tag, status=status)
-        return (status.Get_source(), status.Get_tag(), status.Get_count(MPI.BYTE)) if found else None
+        if not found or (tag is None and status.Get_tag() & skip):   # MPI shows only the earliest
+            return None
+        return status.Get_source(), status.Get_tag(), status.Get_count(MPI.BYTE)
 
     def split(self, members, color, key, context, slot=None):
         """A new MPI communicator (MPI_Comm_split: every rank of this one calls it): MPI's tags

@@ -84,18 +84,18 @@ class RoutedTransport(Transport):
             return self.routes[peer].irecv_reduce(buf, peer, tag, reduce, scratch, own)
         return self._device.irecv_reduce(buf, peer, tag, reduce, scratch, own)
 
-    def probe(self, source, tag=None, context=0):
+    def probe(self, source, tag=None, context=0, skip=0):
         """The device route first (a CUDA collective's own messages), then the host routes
         (abort notices always travel there, and a peer already in a host collective sends there)."""
         device = [self._device] if self._device is not None else []
         if source is not None:
             for t in device + [self.routes[source]]:
-                found = t.probe(source, tag, context)
+                found = t.probe(source, tag, context, skip)
                 if found is not None:
                     return found
             return None
         for t in device + self.transports:
-            found = t.probe(None, tag, context)
+            found = t.probe(None, tag, context, skip)
             if found is not None:
                 return found
         return None

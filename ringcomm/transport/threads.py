@@ -145,12 +145,12 @@ class ThreadsTransport(Transport):
             target[...] = payload
         recv.done = True
 
-    def probe(self, source, tag=None, context=0):
+    def probe(self, source, tag=None, context=0, skip=0):
         box = self.world.boxes[self.rank]
         with box.cond:
             waiting = [(queue[0][0], src, t, queue[0][1].nbytes) for (src, t), queue in box.arrived.items()
                        if queue and (source is None or src == source)
-                       and (t == tag if tag is not None else t >> CONTEXT_SHIFT == context)]
+                       and (t == tag if tag is not None else t >> CONTEXT_SHIFT == context and not t & skip)]
         if not waiting:
             return None
         _, src, t, nbytes = min(waiting)

@@ -59,9 +59,9 @@ class TransportView(Transport):
     def stage(self, arrays):
         return self.base.stage(arrays)
 
-    def probe(self, source, tag=None, context=0):
+    def probe(self, source, tag=None, context=0, skip=0):
         found = self.base.probe(None if source is None else self.members[source],
-                                None if tag is None else tag | self._shift, context=self.context)
+                                None if tag is None else tag | self._shift, context=self.context, skip=skip)
         if found is None or found[0] not in self._index:
             return None
         src, t, nbytes = found

@@ -13,6 +13,7 @@ core on sub-communicators (odd/even ranks, and a split of that), with calls in f
 import argparse
 import json
 import os
+import time
 import sys
 import traceback
 import zlib
@@ -153,6 +154,26 @@ class Checker:
         self.exact("send/recv", case, got, ins[left])
 
 
+    def send_across_collectives(self, case):
+        """MPI's rule: every rank sends, all run collectives, and only then receive. Rank 0 is
+        late to them, so its right neighbour waits there with rank 0's message unreceived for
+        longer than a stalled wait takes to look for a reason: no sign of disagreement."""
+        if self.size == 1:
+            return
+        ins = self.inputs(case, lambda r: case.count)
+        right, left = (self.rank + 1) % self.size, (self.rank - 1) % self.size
+        work = self.comm.send(make(case, ins[self.rank]), right, tag=999, async_op=True)
+        if self.rank == 0:
+            time.sleep(0.3)
+        self.comm.barrier()
+        total = np.ones(5, np.float32)
+        self.comm.all_reduce(total)
+        self.exact("all_reduce after an unreceived send", Case(5, "float32", "sum", "numpy"), total,
+                   np.full(5, self.size, np.float32))
+        got = self.comm.recv(empty(case, case.count), left, tag=999)
+        work.wait(60)
+        self.exact("send, collectives, then recv", case, got, ins[left])
+
 def grid(c, big):
     """The same grid on every backend: default algorithm choice, every dtype, op and count."""
     size, backend = c.size, c.comm.backend
@@ -189,6 +210,7 @@ def grid(c, big):
         c.all_gather(Case(big // size, dtype, "sum", data.kind))
         c.all_to_all(Case(big // size, dtype, "sum", data.kind))
         c.send_recv(data)   # from 1 MiB read out of the sender's process (CMA) where the node allows
+    c.send_across_collectives(Case(97, "float32", "sum", "numpy"))
 
 
 def every_algorithm(c, big):

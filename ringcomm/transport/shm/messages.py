@@ -452,9 +452,10 @@ class Messages:
             req.buf[...] = dst
         return True
 
-    def probe(self, source, tag=None, context=0):
+    def probe(self, source, tag=None, context=0, skip=0):
         """The first published message nobody has posted a copy-receive for (Transport.probe);
-        with no ``tag``, only messages of communicator ``context`` (tag >> 32)."""
+        with no ``tag``, only messages of communicator ``context`` (tag >> 32), none with a bit
+        of ``skip``."""
         if source is None:
             peers = self.others
         elif source in self.local and self.local[source] != self.me:
@@ -468,7 +469,7 @@ class Messages:
                 self._discover(p)
                 inc, plain = self._in[p], self._plain[p]
                 for (t, o), slot in inc.arrived.items():
-                    if (t == tag if tag is not None else t >> 32 == context) and (t, o) not in plain:
+                    if (t == tag if tag is not None else t >> 32 == context and not t & skip) and (t, o) not in plain:
                         return self.ranks[p], t, inc.fields(slot)[2]
         return None
 
