@@ -21,7 +21,7 @@ from . import algorithms, env
 from .collectives import (ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, BARRIER, BROADCAST, GATHER, RECV, REDUCE,
                           REDUCE_SCATTER, SCATTER, SEND, Call)
 from .core import executor
-from .core.envelope import (ABORT_TAG, Envelope, op_code, static_bits,
+from .core.envelope import (ABORT_TAG, Envelope, op_code, static_bits, window_kind_bits,
                             window_stamp)
 from .core.ops import reducer
 from .core.progress import Engine
@@ -50,7 +50,7 @@ class _Plan(NamedTuple):
     window: object             # the window algorithm to run, or None for a program
     program: object            # compiled program; for a window algorithm: whether there is work
     reduce: Optional[Callable]
-    static: int                # the envelope's tag bits but the sequence number
+    static: int                # the envelope's tag bits but the sequence number (a window plan's: and its kind)
     count: int                 # the envelope's count
     shape: object = None       # a window algorithm's Shape
     word: int = 0              # what a window round carries beside its stamp (Collective.window_word)
@@ -344,7 +344,8 @@ class Communicator(PointToPoint, SubCommunicators):
                                 self.transport,
                                 Envelope(seq, call.collective.code, dname, plan.count, op_code(call.op)),
                                 self.timeout, self._what(call, seq, plan.algorithm), started, plan.count,
-                                plan.word, call.collective.describe_word))
+                                plan.word, call.collective.describe_word, plan.static,
+                                algorithms.window_names(call.collective.name)))
             return
         if call.device != "cpu" and self.size > 1:
             self._device_route(call, seq, plan.algorithm)
@@ -416,6 +417,7 @@ class Communicator(PointToPoint, SubCommunicators):
         seg = max(1, DEFAULT_SEGMENT_BYTES // (call.dtype.itemsize if call.dtype else 1))
         if algorithms.is_window(name, chosen):
             window, shape = algorithms.get(name, chosen), call.shape(self.size, seg)
+            static |= window_kind_bits(algorithms.window_kind(name, chosen))
             return _Plan(chosen, how, window, window.has_work(shape), reduce, static, count, shape,
                          collective.window_word(call))
         program = algorithms.plan(name, chosen, self.rank, call.shape(self.size, seg, nodes),

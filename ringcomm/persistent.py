@@ -30,6 +30,7 @@ from typing import Optional
 
 import numpy as np
 
+from . import algorithms
 from .algorithms._planned import run as planned_round
 from .algorithms.one_shot import OneShot, compiled_round
 from .core.envelope import Envelope, op_code, window_stamp
@@ -144,7 +145,7 @@ class WindowCall:
         what = f"{call.collective.name} #{entry.seq} ({self.name}, {call.count} x {self.dname})"
         envelope = Envelope(entry.seq, self.code, self.dname, self.count, op_code(call.op))
         return WindowGuard(self.comm.transport, envelope, self.comm.timeout, what, entry.started, self.count, self.word,
-                           call.collective.describe_word)
+                           call.collective.describe_word, self.static, algorithms.window_names(call.collective.name))
 
 
 class FastCalls:

@@ -157,6 +157,33 @@ def test_ranks_that_disagree_on_the_root_of_a_window_broadcast_all_raise_instead
     assert any("differs in root: expected 0, received 2" in str(e) for e in out), out
 
 
+WINDOW_CALLS = {
+    "all_reduce": lambda c, a: c.all_reduce(np.full(256, c.rank + 1.0), algorithm=a),
+    "broadcast": lambda c, a: c.broadcast(np.full(256, c.rank + 1.0), root=0, algorithm=a),
+    "all_gather": lambda c, a: c.all_gather(np.zeros(2 * 256), np.full(256, c.rank + 1.0), algorithm=a),
+    "reduce_scatter": lambda c, a: c.reduce_scatter(np.zeros(256), np.full(2 * 256, c.rank + 1.0), algorithm=a),
+    "all_to_all": lambda c, a: c.all_to_all(np.zeros(2 * 256), np.full(2 * 256, c.rank + 1.0), algorithm=a),
+    "gather": lambda c, a: c.gather(np.zeros(2 * 256) if c.rank == 0 else None, np.full(256, c.rank + 1.0),
+                                    algorithm=a),
+    "scatter": lambda c, a: c.scatter(np.zeros(256), np.full(2 * 256, 1.0) if c.rank == 0 else None, algorithm=a),
+}
+
+
+@pytest.mark.parametrize("collective", sorted(WINDOW_CALLS))
+def test_ranks_that_run_different_window_algorithms_raise_instead_of_reading_each_others_slots(collective):
+    """one_shot's slot holds data, direct's an address: a rank that read the other's as its own
+    returned garbage (all_reduce at 4 KiB: 2.5e27 on one rank, while the other hit EFAULT). The
+    stamp carries the window algorithm, so both refuse, naming both."""
+    first, second = algorithms.window_names(collective)
+
+    def fn(comm):
+        WINDOW_CALLS[collective](comm, first if comm.rank == 0 else second)
+    out = outcomes(2, fn)
+    assert all(isinstance(e, MismatchError) for e in out), out
+    assert f"rank 1 runs {second} where this rank runs {first}" in str(out[0]), out
+    assert f"rank 0 runs {first} where this rank runs {second}" in str(out[1]), out
+
+
 @pytest.mark.parametrize("bad", ["root", "count"])
 def test_ranks_that_disagree_on_a_direct_gather_write_nothing_into_any_root(bad):
     # Direct gather writes into the root's memory: a rank may write only after round 1 showed

@@ -8,6 +8,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from ..collectives import NAMES as COLLECTIVES
+from ..core.envelope import WINDOW_KINDS
 from ..core.executor import compile_program
 from ..core.schedule import IN, OUT, Copy, Lanes, Prologued, Shape, confirmation
 from ..errors import bad_value
@@ -63,7 +64,22 @@ def register(algorithm: Algorithm) -> Algorithm:
         raise TypeError(f"{algorithm!r}: only all_reduce and broadcast algorithms may leave the "
                         f"out-of-place copy to the caller")
     _REGISTRY[algorithm.collective][algorithm.name] = algorithm
+    if len(window_names(algorithm.collective)) > WINDOW_KINDS:
+        raise TypeError(f"{algorithm!r}: {algorithm.collective} has more window algorithms than a window stamp "
+                        f"can tell apart ({WINDOW_KINDS})")
     return algorithm
+
+
+def window_names(collective: str) -> tuple:
+    """The window algorithms of ``collective``, in registration order (the same on every rank)."""
+    return tuple(name for name, a in _REGISTRY[collective].items() if a.kind == "window")
+
+
+def window_kind(collective: str, name: str) -> int:
+    """1 + the place of window algorithm ``name`` among its collective's: carried in every window
+    stamp of its rounds (envelope.window_kind_bits), so that ranks that disagree on the
+    algorithm refuse each other's slots instead of reading data as an address."""
+    return window_names(collective).index(name) + 1
 
 
 for _cls in _ALL:

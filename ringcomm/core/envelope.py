@@ -40,6 +40,10 @@ SEQ_MOD = 256
 COUNT_MOD = 32
 USER_TAG_LIMIT = 1 << 23       # send/recv tags are 0 .. USER_TAG_LIMIT - 1
 STAMP_COUNT_SHIFT = 32         # a one-shot window stamp: the exact count above the 29-bit tag
+# ... and between the two (bits 29-31), which window algorithm posted it: one_shot and direct
+# rounds of one call carry different things in their slots (data, or an address to read).
+WINDOW_KIND_SHIFT = 29
+WINDOW_KINDS = 7               # window algorithms a collective may have (kinds 1..7; 0: none said)
 
 _names: dict = {}              # collective code -> name, filled by the collectives registry
 
@@ -155,6 +159,16 @@ def window_stamp(seq: int, static: int, count: int) -> int:
 def stamp_parts(stamp: int) -> tuple:
     """(tag, exact count) of a window stamp."""
     return stamp & ((1 << STAMP_COUNT_SHIFT) - 1), stamp >> STAMP_COUNT_SHIFT
+
+
+def window_kind_bits(kind: int) -> int:
+    """The stamp bits of window algorithm ``kind`` (algorithms.window_kind), ORed into a window
+    plan's static bits (never into a message tag: those stay under 2**29, MPI's bound)."""
+    return kind << WINDOW_KIND_SHIFT
+
+
+def window_kind_of(stamp: int) -> int:
+    return stamp >> WINDOW_KIND_SHIFT & WINDOW_KINDS
 
 
 class ControlEnvelope(Envelope):

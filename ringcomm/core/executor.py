@@ -20,7 +20,7 @@ import numpy as np
 from ..errors import CommTimeoutError, MismatchError, PeerAbortedError
 from ..transport.base import Reducer, Transport
 from ..transport.window import POISON
-from .envelope import ABORT_TAG, P2P, Envelope, stamp_parts
+from .envelope import ABORT_TAG, P2P, Envelope, stamp_parts, window_kind_of
 from .schedule import TMP, Copy, Recv, RecvReduce, Send, lanes_of, prologue_of, scratch_elements, sends_first
 
 _NOTHING = np.empty(0, np.uint8)   # the buffers of a call without any (barrier)
@@ -289,14 +289,20 @@ class WindowGuard:
     carries another collective's stamp is a mismatch. The deadline counts from ``started``."""
 
     def __init__(self, transport: Transport, envelope: Envelope, timeout: Optional[float], what: str,
-                 started: float, count: int, word: int = 0, describe_word=None):
+                 started: float, count: int, word: int = 0, describe_word=None, static: int = 0,
+                 kinds: tuple = ()):
         self.watch = _Watch(transport, envelope, timeout, what, started)
         self.envelope, self.what, self.rank, self.count = envelope, what, transport.rank, count
         self.word, self.describe_word = word, describe_word   # the round's shape word and how to explain a difference
+        # which window algorithm this round is (its stamp's kind bits) and the names of the kinds
+        self.kind, self.kinds = window_kind_of(static), kinds
 
     def stalled(self, peer: int, piece: int, pieces: int, done=None) -> None:
         """``done()`` re-tests the round before a mismatch is declared (_Watch.diagnose)."""
         self.watch.stalled(Recv(peer, 0, self.count), piece, pieces, done)
+
+    def _kind_name(self, kind: int) -> str:
+        return self.kinds[kind - 1] if 0 < kind <= len(self.kinds) else f"window algorithm {kind}"
 
     def mismatch(self, peer: int, stamp: int, word: int = 0) -> None:
         """``stamp`` and ``word`` are the peer's window stamp (envelope.window_stamp) and shape word."""
@@ -311,6 +317,10 @@ class WindowGuard:
             raise PeerAbortedError(f"{self.what} on rank {self.rank}: {why}")
         tag, count = stamp_parts(stamp)
         reason = self.envelope.describe_mismatch(tag, peer)
+        theirs = window_kind_of(stamp)
+        if reason is None and theirs != self.kind:
+            reason = (f"rank {peer} runs {self._kind_name(theirs)} where this rank runs {self._kind_name(self.kind)}: "
+                      f"the ranks disagree on the algorithm (algorithm= or RINGCOMM_ALGO)")
         if reason is None and count != self.count:
             reason = f"rank {peer} differs in count: expected {self.count}, received {count}"
         if reason is None and word != self.word and self.describe_word is not None:
