@@ -23,7 +23,7 @@ import sys
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
-from . import env
+from . import agreement, env
 from .backends import NAMES, communicator_class
 from .communicator import DEFAULT_TIMEOUT, Communicator
 from .errors import UsageError, bad_type, bad_value
@@ -39,7 +39,6 @@ def init(backend: Optional[str] = None, *, timeout: Optional[float] = None) -> C
     Raises UsageError on every rank when torchrun's or Slurm's variables describe another job
     than MPI does (``launcher_views``).
     """
-    env.check_all()
     backend = _backend(backend)
     timeout = _timeout(timeout)
     views = launcher_views()
@@ -50,8 +49,13 @@ def init(backend: Optional[str] = None, *, timeout: Optional[float] = None) -> C
     _agree_with_launchers(MPI.COMM_WORLD, views)
     from .topology import discover
     world = MPI.COMM_WORLD.Dup()
-    topology = discover(world)
     ranks_here = ranks_on_this_host(world)
+    try:   # before anything that depends on them (env.check_all runs there, on every rank at once)
+        agreed = agreement.exchange(world.allgather, agreement.local(backend, ranks_here))
+    except BaseException:
+        world.Free()
+        raise
+    topology = discover(world)
     polling.set_ranks_here(ranks_here)
     try:
         if backend != "ringcomm":
@@ -60,7 +64,7 @@ def init(backend: Optional[str] = None, *, timeout: Optional[float] = None) -> C
         comm = Communicator(factory.build(world, topology, timeout), timeout=timeout, local_rank=topology.local_rank,
                             local_size=topology.local_size, node_count=topology.node_count,
                             topology=topology)
-        comm.selector.set_host(ranks_here, polling.cores())
+        agreed.apply(comm.selector)
         _direct_reads_from(comm, comm.selector.tuning)
         return comm
     except BaseException:
@@ -73,19 +77,21 @@ def init_from_store(store, rank: int, size: int, *, timeout: Optional[float] = N
     torch.distributed Store: torchrun's, or the one torch hands a process group). Collective
     over them. Ranks on one host use shared memory bootstrapped through the store; ranks on
     several hosts raise UsageError naming mpirun (transport/factory.py ``build_from_store``)."""
-    env.check_all()
     timeout = _timeout(timeout)
+    from .transport import factory
+    from .transport.store import StoreComm
+    settings = StoreComm(store, list(range(size)), rank, timeout, name="settings")
+    agreed = agreement.exchange(settings.allgather, agreement.local("ringcomm", size))
     chosen = env.get("RINGCOMM_BACKEND") or "ringcomm"
     if chosen != "ringcomm":
         raise UsageError(f"init: RINGCOMM_BACKEND={chosen} runs over MPI, but this job was not started by "
                          f"mpirun; launch with mpirun, or unset RINGCOMM_BACKEND")
-    from .transport import factory
     transport, topology = factory.build_from_store(store, rank, size, timeout)
     polling.set_ranks_here(topology.local_size)   # one host: build_from_store refuses more
     comm = Communicator(transport, timeout=timeout, local_rank=topology.local_rank, local_size=topology.local_size,
                         node_count=topology.node_count, topology=topology)
     comm._store = store   # the node's later handshakes (allocate) still meet in it
-    comm.selector.set_host(topology.local_size, polling.cores())
+    agreed.apply(comm.selector)
     _direct_reads_from(comm, comm.selector.tuning)
     return comm
 

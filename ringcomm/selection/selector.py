@@ -179,6 +179,7 @@ class Selector:
         self._routes: dict = {}
         self.ranks_per_core = 1.0   # > 1 when the ranks of this host outnumber its cores (set_host)
         self.cache_bytes = 0        # the host's last-level cache, 0 unknown (set_host)
+        self.compiled_everywhere = True   # False when some rank runs the Python window rounds (set_job)
 
     def set_host(self, ranks_here: int, cores: int, cache_bytes: Optional[int] = None) -> None:
         """The ranks of this job on this machine, the cores they share and their last-level
@@ -188,6 +189,16 @@ class Selector:
         and never do."""
         self.ranks_per_core = max(1.0, ranks_here / max(1, cores))
         self.cache_bytes = last_level_cache() if cache_bytes is None else max(0, int(cache_bytes))
+        self._networks.clear()
+        self._memo.clear()
+
+    def set_job(self, compiled_everywhere: bool) -> None:
+        """Whether every rank of the job runs the compiled window rounds (``ringcomm.init`` learns
+        it: agreement.py). The two kinds of round work together (tests/mpi_jobs/compiled_round.py)
+        but cost differently, so where some rank runs the Python rounds every rank prices those,
+        and all choose alike."""
+        self.compiled_everywhere = bool(compiled_everywhere)
+        self._routes.clear()
         self._networks.clear()
         self._memo.clear()
 
@@ -252,7 +263,8 @@ class Selector:
                                                     getattr(transport, "link_names", None),
                                                     0 if window is None else window.capacity,
                                                     window is not None and window.reader is not None,
-                                                    window is not None and window.core is not None)
+                                                    window is not None and window.core is not None
+                                                    and self.compiled_everywhere)
         return cached[2], cached[4], cached[5], cached[6]
 
     def choose(self, collective: str, nbytes: int, size: int, *, dtype: str = "float32", nodes=None,

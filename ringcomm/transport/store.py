@@ -108,17 +108,17 @@ class StoreComm:
         return _Gathered(self, [prefix + str(i) for i in range(len(self.ranks))], table)
 
     def allgather(self, text: str) -> list:
-        """Every rank's ``text``, in rank order; bounded by the timeout."""
-        row = np.frombuffer(text.encode().ljust(256, b"\0")[:256], np.uint8)
-        table = np.zeros((len(self.ranks), 256), np.uint8)
-        req = self.Iallgather(row, table)
+        """Every rank's ``text`` (any length), in rank order; bounded by the timeout."""
+        self._gathers += 1
+        keys = [f"gather/{self._gathers}/{i}" for i in range(len(self.ranks))]
+        self.store.set(keys[self.index], text.encode())
         deadline = time.monotonic() + self.timeout
-        while not req.Test():
+        while not self.store.check(keys):
             if time.monotonic() > deadline:
                 raise CommTimeoutError(f"ringcomm setup on rank {self.ranks[self.index]}: not every rank of "
                                        f"{self.ranks} reached the store within {self.timeout:g} s")
             time.sleep(0.005)
-        return [bytes(r).rstrip(b"\0").decode() for r in table]
+        return [self.store.get(k).decode() for k in keys]
 
     def Isend(self, buf, dest: int, tag: int) -> _GlooRequest:   # noqa: N802
         if self._gloo is None:

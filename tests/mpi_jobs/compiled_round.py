@@ -1,6 +1,7 @@
 """Ranks in separate processes, some running the compiled window rounds and some the Python
 rounds (RINGCOMM_COMPILED set per rank by an MPMD launch): every result must be the same bits on
-every rank and equal the rank-order fold computed here with numpy.
+every rank and equal the rank-order fold computed here with numpy, and every rank must choose
+the same algorithm for every size (the job prices the Python rounds if one rank runs them).
 
     mpirun -n 1 -env RINGCOMM_COMPILED 0 python compiled_round.py : -n 2 python compiled_round.py
 
@@ -94,6 +95,17 @@ for name in ("float32", "float64", "int8", "int64"):
             assert part.tobytes() == expected[rank * count:(rank + 1) * count].tobytes(), \
                 f"reduce_scatter {op} {name} x {count}"
         checks += 1 + 3 * size + 3
+# The rounds cost differently, so the job prices the Python rounds wherever one rank runs them
+# (agreement.py): every rank then chooses the same algorithm for every call, with or without a
+# tuning file that prices the compiled round (with one, a rank without it chose otherwise, and
+# read its peer's window data as an address).
+assert comm.selector.compiled_everywhere == all(world.allgather(wants)), comm.selector.compiled_everywhere
+sizes = [1 << k for k in range(2, 27)]
+for collective in ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all"):
+    mine = [comm.selector.choose(collective, n, size, nodes=comm.topology.node_of, transport=comm.transport)
+            for n in sizes]
+    assert all(theirs == mine for theirs in world.allgather(mine)), f"{collective}: ranks choose differently"
+    checks += 1
 print(f"rank {rank} ok {checks} compiled={window.core is not None}", flush=True)
 comm.close()
 sys.exit(0)
