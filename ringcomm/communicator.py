@@ -349,7 +349,8 @@ class Communicator(PointToPoint, SubCommunicators):
             return
         if call.device != "cpu" and self.size > 1:
             self._device_route(call, seq, plan.algorithm)
-        envelope = Envelope(seq, call.collective.code, dname, plan.count, op_code(call.op))
+        envelope = Envelope(seq, call.collective.code, dname, plan.count, op_code(call.op),
+                            algorithms.schedule_index(call.collective.name, plan.algorithm))
         bufs = (inp, out, None)
         what = self._what(call, seq, plan.algorithm)
         if type(self.transport).stage is Transport.stage:   # nothing to stage: skip the ~1 us context

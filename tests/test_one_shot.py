@@ -7,7 +7,6 @@ seen by a rank stalled in a point-to-point collective, and choosing one-shot onl
 share a window."""
 import math
 import os
-import threading
 
 import numpy as np
 import pytest
@@ -18,24 +17,7 @@ from ringcomm.selection.selector import Selector
 from ringcomm.testing import run_threads
 from ringcomm.transport.threads import ThreadsTransport, ThreadsWorld
 from ringcomm.transport.window import CAPACITY, JOB_CAPACITY, Window, region_bytes
-
-
-def outcomes(size, fn, timeout=10):
-    """Every rank's result or exception (run_threads would raise the first)."""
-    world = ThreadsWorld(size)
-    out = [None] * size
-
-    def main(rank):
-        try:
-            out[rank] = fn(Communicator(ThreadsTransport(world, rank), timeout=timeout))
-        except BaseException as err:   # collected, then asserted on
-            out[rank] = err
-    threads = [threading.Thread(target=main, args=(r,), daemon=True) for r in range(size)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout + 30)
-    return out
+from thread_util import outcomes
 
 
 @pytest.mark.parametrize("size", [2, 3, 5])

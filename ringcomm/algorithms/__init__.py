@@ -8,7 +8,8 @@ from __future__ import annotations
 from functools import lru_cache
 
 from ..collectives import NAMES as COLLECTIVES
-from ..core.envelope import WINDOW_KINDS
+from ..collectives import get as collective_of
+from ..core.envelope import WINDOW_KINDS, register_algorithms
 from ..core.executor import compile_program
 from ..core.schedule import IN, OUT, Copy, Lanes, Prologued, Shape, confirmation
 from ..errors import bad_value
@@ -84,6 +85,22 @@ def window_kind(collective: str, name: str) -> int:
 
 for _cls in _ALL:
     register(_cls())
+
+
+def schedule_names(collective: str) -> tuple:
+    """The schedule algorithms of ``collective``, in registration order (the same on every rank)."""
+    return tuple(name for name, a in _REGISTRY[collective].items() if a.kind == "schedule")
+
+
+def schedule_index(collective: str, name: str) -> int:
+    """The place of schedule algorithm ``name`` among its collective's: carried in every tag of
+    its messages (Envelope.algorithm), so that ranks that disagree on the algorithm never take
+    each other's messages as their own."""
+    return schedule_names(collective).index(name)
+
+
+for _collective in COLLECTIVES:
+    register_algorithms(collective_of(_collective).code, schedule_names(_collective))
 
 
 def is_window(collective: str, name: str) -> bool:

@@ -36,7 +36,10 @@ ABORT_TAG = CONTROL | 4        # payload: the error text of a rank that gave up
 FINGERPRINT_TAG = CONTROL | 8  # RINGCOMM_DEBUG=detail / CHECK_FINITE pre-flight exchange
 PINGPONG_TAG = CONTROL | 12    # ringcomm.tune's point-to-point timings
 SPLIT_TAG = CONTROL | 16       # comm.split()'s exchange of colors and keys
-SEQ_MOD = 256
+SEQ_MOD = 32                   # a rank can run ahead of a peer by one call, never 32
+ALGORITHM_SHIFT = 24           # bits 24-26 of a collective's tag: which schedule algorithm sent it
+ALGORITHMS = 8                 # schedule algorithms a collective may have (0..7)
+ALGORITHM_MASK = (ALGORITHMS - 1) << ALGORITHM_SHIFT
 COUNT_MOD = 32
 USER_TAG_LIMIT = 1 << 23       # send/recv tags are 0 .. USER_TAG_LIMIT - 1
 STAMP_COUNT_SHIFT = 32         # a one-shot window stamp: the exact count above the 29-bit tag
@@ -46,6 +49,7 @@ WINDOW_KIND_SHIFT = 29
 WINDOW_KINDS = 7               # window algorithms a collective may have (kinds 1..7; 0: none said)
 
 _names: dict = {}              # collective code -> name, filled by the collectives registry
+_algorithm_names: dict = {}    # collective code -> its schedule algorithms' names, by index (algorithms/)
 
 
 def register_collective(code: int, name: str) -> None:
@@ -56,6 +60,18 @@ def register_collective(code: int, name: str) -> None:
 
 def _name(code: int) -> str:
     return _names.get(code, f"collective {code}")
+
+
+def register_algorithms(code: int, names: tuple) -> None:
+    """The schedule algorithms of collective ``code``; an index into ``names`` rides in every tag."""
+    if len(names) > ALGORITHMS:
+        raise ValueError(f"{_name(code)} has {len(names)} schedule algorithms; a tag tells {ALGORITHMS} apart")
+    _algorithm_names[code] = tuple(names)
+
+
+def _algorithm_name(code: int, index: int) -> str:
+    names = _algorithm_names.get(code, ())
+    return names[index] if index < len(names) else f"algorithm {index}"
 
 
 _OP_CODES = {None: 0, **{op: i + 1 for i, op in enumerate(ReduceOp)}}
@@ -82,11 +98,15 @@ def static_bits(code: int, dtype: Optional[str], count: int, op: int = 0) -> int
 class Envelope:
     """The fields one collective call stamps on its messages (immutable by convention; built
     once per call, so it is a plain slotted class: a frozen dataclass costs twice as much)."""
-    __slots__ = ("seq", "code", "dtype", "count", "op")
+    __slots__ = ("seq", "code", "dtype", "count", "op", "algorithm")
 
-    def __init__(self, seq: int, code: int, dtype: Optional[str], count: int, op: int = 0):
+    def __init__(self, seq: int, code: int, dtype: Optional[str], count: int, op: int = 0, algorithm: int = 0):
         self.seq, self.code, self.dtype, self.count = seq, code, dtype, count   # dtype None: barrier
         self.op = op   # op_code of the reduction, 0 for none
+        # which of the collective's schedule algorithms runs (register_algorithms): ranks that
+        # passed different ones as algorithm= would otherwise take each other's messages of one
+        # size as their own (ring and recursive_doubling on 2 ranks returned a wrong sum)
+        self.algorithm = algorithm
 
     @property
     def collective(self) -> str:
@@ -100,20 +120,25 @@ class Envelope:
 
     def __repr__(self) -> str:
         return (f"Envelope(seq={self.seq}, collective={self.collective!r}, dtype={self.dtype!r}, count={self.count}, "
-                f"op={_op_name(self.op)!r})")
+                f"op={_op_name(self.op)!r}, algorithm={_algorithm_name(self.code, self.algorithm)!r})")
 
     def fields(self) -> tuple:
-        return self.seq, self.code, self.dtype, self.count, self.op
+        return self.seq, self.code, self.dtype, self.count, self.op, self.algorithm
 
     def base_tag(self) -> int:
-        return (self.seq % SEQ_MOD) << 19 | static_bits(self.code, self.dtype, self.count, self.op)
+        return (self.algorithm << ALGORITHM_SHIFT | (self.seq % SEQ_MOD) << 19
+                | static_bits(self.code, self.dtype, self.count, self.op))
 
     def describe_mismatch(self, tag: int, peer: int) -> Optional[str]:
-        """Why a message with ``tag`` from ``peer`` cannot belong to this collective, or None."""
+        """Why a message with ``tag`` from ``peer`` cannot belong to this collective, or None.
+        ``tag`` may also be a window stamp's (envelope.stamp_parts), which names a window
+        algorithm instead (window_kind_of) and no schedule algorithm."""
+        message = not window_kind_of(tag)
         tag &= (1 << 29) - 1
         if tag & (CONTROL | P2P):   # a send may wait for its receive across collectives (MPI's rule)
             return None
-        seq, code, dtype, op, count = tag >> 19 & 255, tag >> 15 & 15, tag >> 11 & 15, tag >> 7 & 15, tag >> 2 & 31
+        seq, code, dtype, op, count = tag >> 19 & SEQ_MOD - 1, tag >> 15 & 15, tag >> 11 & 15, tag >> 7 & 15, tag >> 2 & 31
+        algorithm = tag >> ALGORITHM_SHIFT & ALGORITHMS - 1
         theirs_coll = _name(code)
         theirs_dtype = DTYPE_NAMES[dtype] if dtype < len(DTYPE_NAMES) else None
         if seq != self.seq % SEQ_MOD:
@@ -129,6 +154,9 @@ class Envelope:
         if count != self.count % COUNT_MOD:
             diffs.append(f"count: expected {self.count} (= {self.count % COUNT_MOD} mod {COUNT_MOD}), "
                          f"received {count} mod {COUNT_MOD}")
+        if message and algorithm != self.algorithm and code == self.code:
+            diffs.append(f"algorithm: expected {_algorithm_name(self.code, self.algorithm)}, received "
+                         f"{_algorithm_name(code, algorithm)} (algorithm= or RINGCOMM_ALGO)")
         return f"rank {peer} differs in " + "; ".join(diffs) if diffs else None
 
 

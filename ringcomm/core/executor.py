@@ -20,7 +20,7 @@ import numpy as np
 from ..errors import CommTimeoutError, MismatchError, PeerAbortedError
 from ..transport.base import Reducer, Transport
 from ..transport.window import POISON
-from .envelope import ABORT_TAG, P2P, Envelope, stamp_parts, window_kind_of
+from .envelope import ABORT_TAG, ALGORITHM_MASK, P2P, Envelope, stamp_parts, window_kind_of
 from .schedule import TMP, Copy, Recv, RecvReduce, Send, lanes_of, prologue_of, scratch_elements, sends_first
 
 _NOTHING = np.empty(0, np.uint8)   # the buffers of a call without any (barrier)
@@ -120,11 +120,12 @@ class _Watch:
     """Deadline and diagnosis for one collective's waits."""
 
     def __init__(self, transport: Transport, envelope: Envelope, timeout: Optional[float], what: str,
-                 started: Optional[float] = None, lanes: tuple = (), itemsize: int = 0):
+                 started: Optional[float] = None, lanes: tuple = (), itemsize: int = 0, kind: int = 0):
         self.transport, self.envelope, self.timeout, self.what = transport, envelope, timeout, what
         # The program's lanes and the size of its elements: to tell a message it never receives
         # (``unexpected``).
         self.lanes, self.itemsize = lanes, itemsize
+        self.kind = kind   # the window algorithm this call runs (envelope.window_kind_of), 0 for a program
         now = time.monotonic()
         self.deadline = None if timeout is None else (started or now) + timeout
         self.next_probe = now + DIAGNOSE_EVERY
@@ -176,6 +177,9 @@ class _Watch:
                 if other == transport.rank:
                     continue
                 found = first if other == peer else transport.probe(other, skip=P2P)
+                if found is not None and self.other_algorithm(found[1]):   # this very call, not its program
+                    raise MismatchError(f"{self.what} on rank {transport.rank}: "
+                                        f"{self.envelope.describe_mismatch(found[1], other)}")
                 if found is not None and self.unexpected(found[1], found[2], other):
                     raise MismatchError(
                         f"{self.what} on rank {transport.rank}: rank {other} sent this rank {found[2]} bytes of "
@@ -189,19 +193,33 @@ class _Watch:
             tag, count = stamp_parts(stamp)
             reason = self.envelope.describe_mismatch(tag, peer) or (count != self.envelope.count and (
                 f"rank {peer} differs in count: expected {self.envelope.count}, received {count}"))
+            if not reason and window_kind_of(stamp) != self.kind:   # this very call, another algorithm
+                reason = (f"rank {peer} runs this call's rounds on the shared window ("
+                          f"{'another window algorithm' if self.kind else 'a one_shot or direct algorithm'}), "
+                          f"where this rank does not: the ranks disagree on the algorithm (algorithm= or "
+                          f"RINGCOMM_ALGO)")
             if reason and not (done is not None and done()):
                 raise MismatchError(f"{self.what} on rank {transport.rank}: {reason}")
 
+    def other_algorithm(self, tag: int) -> bool:
+        """Whether ``tag`` is a message of this very call sent by another schedule algorithm than
+        this rank's (a peer that was passed another ``algorithm=``): it can never be received here."""
+        same = (1 << 29) - 4 - ALGORITHM_MASK   # every field but the channel and the algorithm
+        return tag & same == self.envelope.base_tag() & same and \
+            tag & ALGORITHM_MASK != self.envelope.base_tag() & ALGORITHM_MASK
+
     def unexpected(self, tag: int, nbytes: int, peer: int) -> bool:
         """Whether a message of this very collective (``tag`` less its channel) came from a peer
-        this rank's program never receives a message of that size from. Ranks that disagree on a
-        reduce's root can all wait to send, each to the root it believes in, and none would ever
-        look at a receive; the peer's message then is the only sign, and proof enough."""
+        this rank's program never receives a message of that size on that channel from. Ranks
+        that disagree on a reduce's root can all wait to send, each to the root it believes in,
+        and none would ever look at a receive; ranks that run two algorithms of one call (tree
+        and ring) each wait for what the other never sends. The peer's message then is the only
+        sign, and proof enough: a message is received only by a receive of its exact tag."""
         if tag & ((1 << 29) - 4) != self.envelope.base_tag():
             return False
-        itemsize = self.itemsize
-        return not any(op.peer == peer and op.count * itemsize == nbytes for lane in self.lanes
-                       for _, ops, _, _ in lane for op in ops if not isinstance(op, Send))
+        itemsize, channel = self.itemsize, tag & 3
+        return not any(op.peer == peer and op.count * itemsize == nbytes and op.channel == channel
+                       for lane in self.lanes for _, ops, _, _ in lane for op in ops if not isinstance(op, Send))
 
 
 def read_notice(transport: Transport, notice: tuple) -> str:
@@ -291,7 +309,7 @@ class WindowGuard:
     def __init__(self, transport: Transport, envelope: Envelope, timeout: Optional[float], what: str,
                  started: float, count: int, word: int = 0, describe_word=None, static: int = 0,
                  kinds: tuple = ()):
-        self.watch = _Watch(transport, envelope, timeout, what, started)
+        self.watch = _Watch(transport, envelope, timeout, what, started, kind=window_kind_of(static))
         self.envelope, self.what, self.rank, self.count = envelope, what, transport.rank, count
         self.word, self.describe_word = word, describe_word   # the round's shape word and how to explain a difference
         # which window algorithm this round is (its stamp's kind bits) and the names of the kinds
