@@ -54,6 +54,7 @@ class _Plan(NamedTuple):
     count: int                 # the envelope's count
     shape: object = None       # a window algorithm's Shape
     word: int = 0              # what a window round carries beside its stamp (Collective.window_word)
+    index: int = 0             # a program's schedule algorithm, as its tags carry it (Envelope.algorithm)
 
 
 class Communicator(PointToPoint, SubCommunicators):
@@ -349,8 +350,7 @@ class Communicator(PointToPoint, SubCommunicators):
             return
         if call.device != "cpu" and self.size > 1:
             self._device_route(call, seq, plan.algorithm)
-        envelope = Envelope(seq, call.collective.code, dname, plan.count, op_code(call.op),
-                            algorithms.schedule_index(call.collective.name, plan.algorithm))
+        envelope = Envelope(seq, call.collective.code, dname, plan.count, op_code(call.op), plan.index)
         bufs = (inp, out, None)
         what = self._what(call, seq, plan.algorithm)
         if type(self.transport).stage is Transport.stage:   # nothing to stage: skip the ~1 us context
@@ -423,7 +423,7 @@ class Communicator(PointToPoint, SubCommunicators):
                          collective.window_word(call))
         program = algorithms.plan(name, chosen, self.rank, call.shape(self.size, seg, nodes),
                                   collective.confirms(call))
-        return _Plan(chosen, how, None, program, reduce, static, count)
+        return _Plan(chosen, how, None, program, reduce, static, count, index=algorithms.schedule_index(name, chosen))
 
     def _submit(self, call: Call, job: Callable, async_op: bool):
         engine = self.engine
