@@ -18,8 +18,8 @@ left waiting for one that gave up alone.
 Some inputs of the cost model may differ honestly between ranks: the cores a rank may run on
 (taskset, cgroups), the machine's last-level cache (nodes of two kinds), and whether a rank runs
 the compiled window rounds (they work with the Python rounds, tests/mpi_jobs/compiled_round.py,
-but cost less). The job agrees on them instead: the most crowded rank's share of a core, the smallest cache, the
-Python rounds' price if any rank runs them (``Agreed``).
+but cost less). The job agrees on them instead: the most crowded rank's share of a core, the
+smallest cache, the Python rounds' price if any rank runs them (``Agreed``).
 """
 from __future__ import annotations
 

@@ -120,12 +120,15 @@ class _Watch:
     """Deadline and diagnosis for one collective's waits."""
 
     def __init__(self, transport: Transport, envelope: Envelope, timeout: Optional[float], what: str,
-                 started: Optional[float] = None, lanes: tuple = (), itemsize: int = 0, kind: int = 0):
+                 started: Optional[float] = None, lanes: tuple = (), itemsize: int = 0, kind: int = 0,
+                 kinds: tuple = ()):
         self.transport, self.envelope, self.timeout, self.what = transport, envelope, timeout, what
         # The program's lanes and the size of its elements: to tell a message it never receives
         # (``unexpected``).
         self.lanes, self.itemsize = lanes, itemsize
-        self.kind = kind   # the window algorithm this call runs (envelope.window_kind_of), 0 for a program
+        # the window algorithm this call runs (envelope.window_kind_of; 0: a program) and the names
+        # of its collective's window algorithms by kind, to name both sides of a disagreement
+        self.kind, self.kinds = kind, kinds
         now = time.monotonic()
         self.deadline = None if timeout is None else (started or now) + timeout
         self.next_probe = now + DIAGNOSE_EVERY
@@ -193,20 +196,32 @@ class _Watch:
             tag, count = stamp_parts(stamp)
             reason = self.envelope.describe_mismatch(tag, peer) or (count != self.envelope.count and (
                 f"rank {peer} differs in count: expected {self.envelope.count}, received {count}"))
-            if not reason and window_kind_of(stamp) != self.kind:   # this very call, another algorithm
-                reason = (f"rank {peer} runs this call's rounds on the shared window ("
-                          f"{'another window algorithm' if self.kind else 'a one_shot or direct algorithm'}), "
-                          f"where this rank does not: the ranks disagree on the algorithm (algorithm= or "
-                          f"RINGCOMM_ALGO)")
+            if not reason:
+                reason = self.other_kind(peer, window_kind_of(stamp))
             if reason and not (done is not None and done()):
                 raise MismatchError(f"{self.what} on rank {transport.rank}: {reason}")
+
+    def other_kind(self, peer: int, theirs: int) -> Optional[str]:
+        """Why a round of this very call that ``peer`` posted as window algorithm ``theirs`` is
+        not this rank's, or None when it runs the same one."""
+        if theirs == self.kind:
+            return None
+        if not self.kind:
+            return (f"rank {peer} runs this call's rounds on the shared window (a one_shot or direct "
+                    f"algorithm), where this rank does not: the ranks disagree on the algorithm "
+                    f"(algorithm= or RINGCOMM_ALGO)")
+        return (f"rank {peer} runs {self._kind_name(theirs)} where this rank runs {self._kind_name(self.kind)}: "
+                f"the ranks disagree on the algorithm (algorithm= or RINGCOMM_ALGO)")
+
+    def _kind_name(self, kind: int) -> str:
+        return self.kinds[kind - 1] if 0 < kind <= len(self.kinds) else f"window algorithm {kind}"
 
     def other_algorithm(self, tag: int) -> bool:
         """Whether ``tag`` is a message of this very call sent by another schedule algorithm than
         this rank's (a peer that was passed another ``algorithm=``): it can never be received here."""
         same = (1 << 29) - 4 - ALGORITHM_MASK   # every field but the channel and the algorithm
-        return tag & same == self.envelope.base_tag() & same and \
-            tag & ALGORITHM_MASK != self.envelope.base_tag() & ALGORITHM_MASK
+        base = self.envelope.base_tag()
+        return tag & same == base & same and tag & ALGORITHM_MASK != base & ALGORITHM_MASK
 
     def unexpected(self, tag: int, nbytes: int, peer: int) -> bool:
         """Whether a message of this very collective (``tag`` less its channel) came from a peer
@@ -309,18 +324,13 @@ class WindowGuard:
     def __init__(self, transport: Transport, envelope: Envelope, timeout: Optional[float], what: str,
                  started: float, count: int, word: int = 0, describe_word=None, static: int = 0,
                  kinds: tuple = ()):
-        self.watch = _Watch(transport, envelope, timeout, what, started, kind=window_kind_of(static))
+        self.watch = _Watch(transport, envelope, timeout, what, started, kind=window_kind_of(static), kinds=kinds)
         self.envelope, self.what, self.rank, self.count = envelope, what, transport.rank, count
         self.word, self.describe_word = word, describe_word   # the round's shape word and how to explain a difference
-        # which window algorithm this round is (its stamp's kind bits) and the names of the kinds
-        self.kind, self.kinds = window_kind_of(static), kinds
 
     def stalled(self, peer: int, piece: int, pieces: int, done=None) -> None:
         """``done()`` re-tests the round before a mismatch is declared (_Watch.diagnose)."""
         self.watch.stalled(Recv(peer, 0, self.count), piece, pieces, done)
-
-    def _kind_name(self, kind: int) -> str:
-        return self.kinds[kind - 1] if 0 < kind <= len(self.kinds) else f"window algorithm {kind}"
 
     def mismatch(self, peer: int, stamp: int, word: int = 0) -> None:
         """``stamp`` and ``word`` are the peer's window stamp (envelope.window_stamp) and shape word."""
@@ -334,11 +344,7 @@ class WindowGuard:
             why = read_notice(transport, notice) if notice is not None else f"rank {peer} gave up"
             raise PeerAbortedError(f"{self.what} on rank {self.rank}: {why}")
         tag, count = stamp_parts(stamp)
-        reason = self.envelope.describe_mismatch(tag, peer)
-        theirs = window_kind_of(stamp)
-        if reason is None and theirs != self.kind:
-            reason = (f"rank {peer} runs {self._kind_name(theirs)} where this rank runs {self._kind_name(self.kind)}: "
-                      f"the ranks disagree on the algorithm (algorithm= or RINGCOMM_ALGO)")
+        reason = self.envelope.describe_mismatch(tag, peer) or self.watch.other_kind(peer, window_kind_of(stamp))
         if reason is None and count != self.count:
             reason = f"rank {peer} differs in count: expected {self.count}, received {count}"
         if reason is None and word != self.word and self.describe_word is not None:
