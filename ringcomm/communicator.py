@@ -93,7 +93,9 @@ class Communicator(PointToPoint, SubCommunicators):
         self.debug = env.get("RINGCOMM_DEBUG")
         self.check_finite = env.get("RINGCOMM_CHECK_FINITE")
         self._preflight_on = self.debug == "detail" or self.check_finite
-        for collective, forced in self.selector.forced.items():
+        # A communicator of one rank moves nothing, so any algorithm runs on it: refusing one there
+        # would fail a program on the one rank a split left alone while its peers go on.
+        for collective, forced in self.selector.forced.items() if self.size > 1 else ():
             if algorithms.is_window(collective, forced) and not algorithms.get(collective, forced).runs_on(transport.window):
                 raise UsageError(f"RINGCOMM_ALGO forces {collective}={forced}, which needs ranks that "
                                  f"share memory (a transport with a shared window: shm on one node, "
@@ -250,7 +252,7 @@ class Communicator(PointToPoint, SubCommunicators):
         if not isinstance(algorithm, str):
             raise bad_type(name, "algorithm", "a str or None", type(algorithm).__name__)
         chosen = algorithms.get(name, algorithm)
-        if chosen.kind == "window" and not chosen.runs_on(self._window_for(call)):
+        if chosen.kind == "window" and self.size > 1 and not chosen.runs_on(self._window_for(call)):
             why = "offers no window for " + ("this array" if call.device != "cpu" else "this job") \
                 if self._window_for(call) is None else "cannot read peers' memory in place here (CMA is off)"
             raise bad_value(name, "algorithm", f"an algorithm other than {algorithm} (it needs ranks that "
@@ -272,7 +274,7 @@ class Communicator(PointToPoint, SubCommunicators):
         else:
             why = None
         forced = self.selector.forced.get(call.name)
-        if why is None and forced is not None and algorithms.is_window(call.name, forced):
+        if why is None and forced is not None and self.size > 1 and algorithms.is_window(call.name, forced):
             schedules = ", ".join(n for n in algorithms.names(call.name) if not algorithms.is_window(call.name, n))
             why = (f"RINGCOMM_ALGO forces {forced}, which runs on host shared memory only, and this call's "
                    f"buffers are on {call.device}: force a schedule algorithm ({schedules})")

@@ -139,14 +139,18 @@ def test_mixed_devices_are_refused_before_a_sequence_number(cp):
     assert run_threads(1, body) == [0]
 
 
-def test_a_forced_window_algorithm_is_refused_for_device_memory_before_a_sequence_number(cp):
-    """Defect 7: RINGCOMM_ALGO forcing one_shot reached window.post with a cupy array."""
+def test_a_forced_window_algorithm_runs_on_device_memory_where_one_rank_moves_nothing(cp):
+    """Defect 7 (RINGCOMM_ALGO forcing one_shot reached window.post with a cupy array) is refused
+    across processes (the "validation" check above); a communicator of one rank moves nothing, so
+    there the forced algorithm runs, as it does on host memory."""
     def body(comm):
-        with pytest.raises(ringcomm.UsageError, match="RINGCOMM_ALGO forces one_shot.*cuda:0"):
-            comm.all_reduce(device_array(cp, np.ones(4)))
-        comm.all_reduce(np.ones(4, np.float32))   # host memory may still use it
-        return comm._seq
-    assert run_threads(1, body, selector=Selector(forced={"all_reduce": "one_shot"})) == [1]
+        x = device_array(cp, np.arange(4))
+        comm.all_reduce(x)
+        out = device_array(cp, np.zeros(4))
+        comm.all_reduce(x, out=out)
+        comm.all_reduce(np.ones(4, np.float32))
+        return comm._seq, cp.asnumpy(out).tolist()
+    assert run_threads(1, body, selector=Selector(forced={"all_reduce": "one_shot"})) == [(3, [0, 1, 2, 3])]
 
 
 def test_a_job_on_the_progress_thread_runs_on_the_buffers_device_after_the_callers_stream(cp):

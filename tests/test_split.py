@@ -1,6 +1,7 @@
 """Sub-communicators: comm.split() with MPI_Comm_split semantics and comm.dup(), on the threads
 transport: shapes (odd/even, singleton, everyone, nested), every collective on them, and
-collectives in flight at once on siblings and on the parent, which must not interfere."""
+collectives in flight at once on siblings and on the parent, which must not interfere; under
+mpirun, a rank a split leaves alone, and random calls interleaved across several communicators."""
 import threading
 
 import numpy as np
@@ -8,6 +9,7 @@ import pytest
 
 from ringcomm import UsageError
 from ringcomm.testing import run_threads
+from mpi_util import run_mpi
 from thread_util import in_thread
 
 
@@ -168,3 +170,14 @@ def test_two_live_sub_communicators_never_share_a_context_id(monkeypatch):
         return "no error"
     for text in run_threads(2, body):
         assert "already in use" in text and "collision" in text, text
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks,forced", [(3, "one_shot"), (1, "direct")])
+def test_a_rank_left_alone_runs_every_algorithm_even_a_forced_window_one(ranks, forced):
+    """A one-rank communicator moves nothing, so no algorithm needs a window there: forcing a
+    window algorithm (RINGCOMM_ALGO, algorithm=) once raised UsageError on the rank a split left
+    alone, and only there, while its peers went on to a timeout; a single process refused it too."""
+    proc = run_mpi(ranks, "forced_alone.py", env={"RINGCOMM_ALGO": forced})
+    assert "forced-alone ok" in proc.stdout, proc.stdout + proc.stderr
+
