@@ -181,3 +181,15 @@ def test_a_rank_left_alone_runs_every_algorithm_even_a_forced_window_one(ranks, 
     proc = run_mpi(ranks, "forced_alone.py", env={"RINGCOMM_ALGO": forced})
     assert "forced-alone ok" in proc.stdout, proc.stdout + proc.stderr
 
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks,extra,backend", [(3, "", "ringcomm"), (4, "", "ringcomm"), (3, "nodes", "ringcomm"),
+                                                 (3, "", "mpi"), (3, "", "gloo")])
+def test_random_calls_interleaved_across_world_splits_and_dups_are_exact(ranks, extra, backend):
+    """Several communicators, outstanding Works waited in random order, buffers used again (the
+    memo road) and forced algorithms, under mpirun on every backend; every result checked exactly
+    (mpi_jobs/interleaved.py)."""
+    calls = 400
+    proc = run_mpi(ranks, "interleaved.py", calls, 20261204 + ranks, *([extra] if extra else []),
+                   env={"RINGCOMM_BACKEND": backend}, timeout=300)
+    assert f"interleaved: {calls} calls checked, 0 wrong" in proc.stdout, proc.stdout + proc.stderr
