@@ -93,10 +93,8 @@ class Communicator(PointToPoint, SubCommunicators):
         self.debug = env.get("RINGCOMM_DEBUG")
         self.check_finite = env.get("RINGCOMM_CHECK_FINITE")
         self._preflight_on = self.debug == "detail" or self.check_finite
-        # A communicator of one rank moves nothing, so any algorithm runs on it: refusing one there
-        # would fail a program on the one rank a split left alone while its peers go on.
-        for collective, forced in self.selector.forced.items() if self.size > 1 else ():
-            if algorithms.is_window(collective, forced) and not algorithms.get(collective, forced).runs_on(transport.window):
+        for collective, forced in self.selector.forced.items():
+            if self._lacks_window(algorithms.get(collective, forced), transport.window):
                 raise UsageError(f"RINGCOMM_ALGO forces {collective}={forced}, which needs ranks that "
                                  f"share memory (a transport with a shared window: shm on one node, "
                                  f"or threads); this job's {transport.name} transport has none")
@@ -252,7 +250,7 @@ class Communicator(PointToPoint, SubCommunicators):
         if not isinstance(algorithm, str):
             raise bad_type(name, "algorithm", "a str or None", type(algorithm).__name__)
         chosen = algorithms.get(name, algorithm)
-        if chosen.kind == "window" and self.size > 1 and not chosen.runs_on(self._window_for(call)):
+        if self._lacks_window(chosen, self._window_for(call)):
             why = "offers no window for " + ("this array" if call.device != "cpu" else "this job") \
                 if self._window_for(call) is None else "cannot read peers' memory in place here (CMA is off)"
             raise bad_value(name, "algorithm", f"an algorithm other than {algorithm} (it needs ranks that "
@@ -261,6 +259,12 @@ class Communicator(PointToPoint, SubCommunicators):
             raise bad_value(name, "algorithm", f"an algorithm for uneven counts (not {algorithm}, which needs "
                             f"equal counts on every rank)", algorithm)
         return algorithm
+
+    def _lacks_window(self, algorithm, window) -> bool:
+        """Whether ``algorithm`` is a window algorithm that ``window`` (None: none) cannot run.
+        A communicator of one rank moves nothing, so any algorithm runs on it: refusing one there
+        would fail a program on the one rank a split left alone while its peers go on."""
+        return algorithm.kind == "window" and self.size > 1 and not algorithm.runs_on(window)
 
     def _check_device(self, call: Call) -> None:
         """Device memory where this communicator cannot carry it: UsageError before the call."""
