@@ -63,8 +63,9 @@ def batch_of(model: str, width: int, batch: int, rank: int):
     return torch.randn(batch, width, generator=g), torch.randint(0, 10, (batch,), generator=g)
 
 
-def wrap(impl: str, net, world):
-    """The DDP-wrapped model and a function all-reducing one flat tensor with the same library."""
+def wrap(impl: str, net, world, bucket_view: bool = False):
+    """The DDP-wrapped model and a function all-reducing one flat tensor with the same library.
+    ``bucket_view``: both DDPs' gradient_as_bucket_view (each gradient a view into its bucket)."""
     import torch
     if impl == "local":
         return net, None
@@ -72,7 +73,8 @@ def wrap(impl: str, net, world):
         import ringcomm
         from ddp import DistributedDataParallel
         comm = ringcomm.init()
-        return DistributedDataParallel(net, comm), lambda t: comm.all_reduce(t)
+        return (DistributedDataParallel(net, comm, gradient_as_bucket_view=bucket_view),
+                lambda t: comm.all_reduce(t))
     import torch.distributed as dist
     if impl == "torch":
         port = world.bcast(_free_port() if world.Get_rank() == 0 else None, root=0)
@@ -84,7 +86,8 @@ def wrap(impl: str, net, world):
         if init_pg is None:
             from ringcomm.integrations.torch_backend import init_process_group as init_pg
         init_pg()
-    return torch.nn.parallel.DistributedDataParallel(net), lambda t: dist.all_reduce(t)
+    return (torch.nn.parallel.DistributedDataParallel(net, gradient_as_bucket_view=bucket_view),
+            lambda t: dist.all_reduce(t))
 
 
 def _free_port() -> int:
@@ -114,7 +117,7 @@ def worker(args) -> None:
     params = sum(p.numel() for p in net.parameters())
     error = ""
     try:
-        model, all_reduce = wrap(args.impl, net, world)
+        model, all_reduce = wrap(args.impl, net, world, args.bucket_view)
     except Exception as exc:   # reported as an unavailable row by the driver
         error = f"{type(exc).__name__}: {exc}".splitlines()[0][:240]
     errors = world.allgather(error)
@@ -179,7 +182,8 @@ def run_job(impl: str, n: int, args) -> dict:
     env.setdefault("RINGCOMM_TIMEOUT", "120")
     cmd = [mpirun(), "-n", str(n), sys.executable, str(Path(__file__).resolve()), "--worker", "--impl", impl,
            "--width", str(args.width), "--depth", str(args.depth), "--batch", str(args.batch),
-           "--steps", str(args.steps), "--warmup", str(args.warmup), "--model", args.model]
+           "--steps", str(args.steps), "--warmup", str(args.warmup), "--model", args.model] \
+        + (["--bucket-view"] if args.bucket_view else [])
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.job_timeout)
     except subprocess.TimeoutExpired:
@@ -222,7 +226,7 @@ def driver(args) -> int:
              f"transformer of examples/train.py, {args.depth} layers of dim {args.width}")
     print(f"# {shape} ({nparams / 1e6:.1f} M params, {nparams * 4 / 2**20:.0f} MiB of "
           f"fp32 gradients), batch {args.batch} per rank, {args.steps} steps after {args.warmup} warm-up, "
-          f"torch threads 1; {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}, load {os.getloadavg()}")
+          f"torch threads 1{'; gradient_as_bucket_view' if args.bucket_view else ''}; {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}, load {os.getloadavg()}")
     for k, (impl, n) in enumerate(jobs):
         sys.stderr.write(f"\r[{k + 1}/{len(jobs)}] {impl} on {n} rank(s)   ")
         sys.stderr.flush()
@@ -253,6 +257,8 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--job-timeout", type=float, default=600)
     p.add_argument("--no-local", action="store_true", help="skip the undistributed base (no efficiency)")
+    p.add_argument("--bucket-view", action="store_true",
+                   help="gradient_as_bucket_view=True in both DDPs: no copy into or out of buckets")
     p.add_argument("--json")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()

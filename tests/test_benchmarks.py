@@ -167,7 +167,9 @@ def test_ddp_scaling_runs_both_implementations(tmp_path, model):
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ddp_scaling.py"), "--ranks", "2",
                            "--impl", "ringcomm,torch", "--model", model,
                            "--width", "64" if model == "mlp" else "32", "--depth", "2", "--steps", "2",
-                           "--warmup", "1", "--no-local", "--json", str(out)], capture_output=True, text=True,
+                           "--warmup", "1", "--no-local", "--json", str(out)]
+                          # the transformer with both DDPs' gradients as views into their buckets
+                          + (["--bucket-view"] if model == "transformer" else []), capture_output=True, text=True,
                           timeout=240, cwd=ROOT, env={**__import__("os").environ, **env})
     assert proc.returncode == 0, proc.stderr
     results = {(r["impl"], r["ranks"]): r for r in json.loads(out.read_text())["results"]}
