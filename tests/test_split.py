@@ -183,6 +183,15 @@ def test_a_rank_left_alone_runs_every_algorithm_even_a_forced_window_one(ranks, 
 
 
 @pytest.mark.mpi
+def test_a_split_on_one_node_of_a_job_that_spans_nodes_gets_the_nodes_window():
+    """Two pretend nodes: the split of each node's ranks runs one-shot (it once had no window,
+    because the parent, spanning nodes, offered no window slots), a split across nodes refuses a
+    forced window algorithm, and every result is exact (mpi_jobs/node_split.py)."""
+    proc = run_mpi(4, "node_split.py")
+    assert "node-split ok" in proc.stdout, proc.stdout + proc.stderr
+
+
+@pytest.mark.mpi
 @pytest.mark.parametrize("ranks,extra,backend", [(3, "", "ringcomm"), (4, "", "ringcomm"), (3, "nodes", "ringcomm"),
                                                  (3, "", "mpi"), (3, "", "gloo")])
 def test_random_calls_interleaved_across_world_splits_and_dups_are_exact(ranks, extra, backend):
