@@ -86,3 +86,17 @@ def test_fault_specs_parse_and_bad_ones_name_what_is_accepted(monkeypatch):
 def test_reliability_doc_lists_every_variable():
     text = (ROOT / "docs" / "reliability.md").read_text()
     assert env.table() in text, "docs/reliability.md: paste the output of python -c 'from ringcomm import env; print(env.table())'"
+
+
+def test_a_window_polls_briefly_where_the_machine_holds_more_ranks_than_its_node(monkeypatch):
+    """Nodes named by RINGCOMM_NODE_ID can share a machine: a node of 2 ranks on 2 cores polls
+    long only while the machine holds no more ranks than cores (init says how many it holds)."""
+    from ringcomm.transport import polling
+    monkeypatch.setattr(polling, "cores", lambda: 2)
+    monkeypatch.setattr(polling, "_ranks_here", 1)
+    monkeypatch.setattr(polling, "_spin", polling.SPIN_SHARED)
+    assert polling.spin_for(2) == polling.SPIN_DEDICATED
+    assert polling.set_ranks_here(4) == polling.SPIN_SHARED
+    assert polling.spin_for(2) == polling.SPIN_SHARED
+    polling.set_ranks_here(2)
+    assert polling.spin_for(2) == polling.SPIN_DEDICATED and polling.spin_for(3) == polling.SPIN_SHARED
