@@ -24,6 +24,11 @@ Besides the backends of ``ringcomm.init`` two rows help read the others:
 - backend ``mpi4py``: MPI's own collective called straight through mpi4py, no ringcomm in the
   path (a backend "mpi" of ringcomm.init should land close to it).
 A backend that cannot start is reported as ``backend X unavailable: <reason>`` and skipped.
+
+``--split parity`` runs every collective on the two halves of a split by rank parity at once
+(``comm.split(rank % 2)``, ``MPI_Comm_split`` for mpi4py), as tensor-parallel groups beside data
+parallelism do; with ranks told they sit on two nodes (RINGCOMM_NODE_ID: even ranks on one, odd
+on the other) each half is one node of a job that spans two. Rows then show a half's rank count.
 """
 from __future__ import annotations
 
@@ -307,6 +312,9 @@ def build_configs(args, world) -> tuple[list[Config], list[str]]:
         except Unavailable as exc:
             notes.append(f"backend {backend} unavailable: {exc}")
             continue
+        if args.split:   # parity: every rank's half, made on every rank at once
+            parity = world.Get_rank() % 2
+            comm = comm.Split(parity, world.Get_rank()) if backend == "mpi4py" else comm.split(parity)
         if backend == "mpi4py":
             configs.append(Config(backend, "native", lambda c, m=comm: mpi4py_call(m, c)))
             continue
@@ -641,6 +649,8 @@ def parse_args(argv=None):
     p.add_argument("--tensor", default="numpy",
                    help="comma list: numpy, torch (ringcomm configs run on each; torch tensors are "
                         "allocated by torch)")
+    p.add_argument("--split", choices=("parity",),
+                   help="run on both halves of a split by rank parity at once (the module docstring)")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     args.backends = [b.strip() for b in args.backend.split(",") if b.strip()]
@@ -675,12 +685,17 @@ def main(argv=None) -> int:
     from mpi4py import MPI
     world = MPI.COMM_WORLD
     rank, n = world.Get_rank(), world.Get_size()
+    if args.split and n % 2:
+        raise SystemExit(f"--split parity: needs an even number of ranks (halves of equal size), got {n}")
     configs, notes = build_configs(args, world)
     say = print if rank == 0 else (lambda *a, **k: None)
     meta = metadata(args, n)
     say(f"# {meta['command']}")
     say(f"# {n} ranks on {meta['host']} ({meta['cpus']} cpus), {args.dtype}, warm-up {args.warmup}, "
         f"iters {args.iters}, rounds {args.rounds}, {meta['utc']}, load {meta['loadavg']}")
+    if args.split:   # from here on rank and n are this rank's half's; timing still spans the world
+        rank, n = rank // 2, n // 2
+        say(f"# every collective on both halves of a split by rank parity at once, {n} ranks each")
     for note in notes:
         say(f"# {note}")
     plan = []
@@ -694,7 +709,7 @@ def main(argv=None) -> int:
             else:
                 usable.append(cfg)
         plan += [(collective, s, usable) for s in args.sizes]
-    progress = Progress(len(plan), rank == 0 and not args.no_progress)
+    progress = Progress(len(plan), world.Get_rank() == 0 and not args.no_progress)
     rows: list[Row] = []
     current = None
     for collective, size, usable in plan:
@@ -722,7 +737,7 @@ def main(argv=None) -> int:
             say(f"# {line}")
     total_wrong = sum(r.wrong for r in rows)
     say(f"\n# out of bounds values: {total_wrong} {'OK' if total_wrong == 0 else 'FAILED'}")
-    if rank == 0:
+    if world.Get_rank() == 0:
         write_outputs(args, rows, notes, meta)
     return 0 if total_wrong == 0 else 1
 

@@ -120,6 +120,20 @@ def test_tiny_sweep_under_mpirun(tmp_path):
     assert data["meta"]["ranks"] == 2
 
 
+def test_a_sweep_on_both_halves_of_a_parity_split_checks_each_halfs_result(tmp_path):
+    """--split parity: 4 ranks run every collective on two sub-communicators of 2 at once; each
+    rank's result is checked against its half's (a check against the world's would count wrong)."""
+    out_json = tmp_path / "r.json"
+    proc = run_mpi(4, TOOL, "-b", "1K", "-e", "8K", "-f", "8", "-w", "1", "-n", "2", "--split", "parity",
+                   "--backend", "ringcomm,mpi4py", "--collective", "all_reduce,all_gather,broadcast,sendrecv",
+                   "--json", out_json, timeout=120)
+    assert "both halves of a split by rank parity at once, 2 ranks each" in proc.stdout
+    assert "out of bounds values: 0 OK" in proc.stdout
+    rows = json.loads(out_json.read_text())["rows"]
+    assert {(r["backend"], r["algorithm"]) for r in rows} >= {("ringcomm", "auto"), ("mpi4py", "native")}
+    assert all(r["wrong"] == 0 and r["ranks"] == 2 for r in rows), rows
+
+
 def test_plot_writes_a_png(tmp_path):
     pytest.importorskip("matplotlib", reason="the plot extra (matplotlib) is not installed")
     import plot
