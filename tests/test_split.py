@@ -1,7 +1,8 @@
 """Sub-communicators: comm.split() with MPI_Comm_split semantics and comm.dup(), on the threads
 transport: shapes (odd/even, singleton, everyone, nested), every collective on them, and
 collectives in flight at once on siblings and on the parent, which must not interfere; under
-mpirun, a rank a split leaves alone, and random calls interleaved across several communicators."""
+mpirun, a rank a split leaves alone, random calls interleaved across several communicators,
+threads each on a communicator of their own, and splits on one node of a job that spans nodes."""
 import threading
 
 import numpy as np
@@ -180,6 +181,18 @@ def test_a_rank_left_alone_runs_every_algorithm_even_a_forced_window_one(ranks, 
     alone, and only there, while its peers went on to a timeout; a single process refused it too."""
     proc = run_mpi(ranks, "forced_alone.py", env={"RINGCOMM_ALGO": forced})
     assert "forced-alone ok" in proc.stdout, proc.stdout + proc.stderr
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks,extra", [(3, "nodes"), (4, "")])
+def test_threads_each_on_a_dup_or_split_of_their_own_get_exact_results_under_mpirun(ranks, extra):
+    """Four threads per rank at once, on three dups and a parity split, over the real transport
+    (one staging pool, one set of rings and windows for all): blocking collectives and send/recv,
+    every result exact (mpi_jobs/threads_on_dups.py); with pretend nodes the split is a node's
+    own group and the dups span both."""
+    calls = 120
+    proc = run_mpi(ranks, "threads_on_dups.py", calls, 20261204 + ranks, *([extra] if extra else []), timeout=240)
+    assert f"threads-on-dups: 4 threads x {calls} calls, 0 wrong" in proc.stdout, proc.stdout + proc.stderr
 
 
 @pytest.mark.mpi
