@@ -278,7 +278,8 @@ class Communicator(PointToPoint, SubCommunicators):
         else:
             why = None
         forced = self.selector.forced.get(call.name)
-        if why is None and forced is not None and self.size > 1 and algorithms.is_window(call.name, forced):
+        if why is None and forced is not None and self._lacks_window(algorithms.get(call.name, forced),
+                                                                     self._window_for(call)):
             schedules = ", ".join(n for n in algorithms.names(call.name) if not algorithms.is_window(call.name, n))
             why = (f"RINGCOMM_ALGO forces {forced}, which runs on host shared memory only, and this call's "
                    f"buffers are on {call.device}: force a schedule algorithm ({schedules})")
