@@ -178,7 +178,7 @@ def check_device_only(ctx) -> str:
     comm, cp = ctx.comm, ctx.cupy
     if ctx.size == 1:
         raise Skip("one rank: nothing travels")
-    n = 6 << 20   # 24 MiB of float32: every all_reduce algorithm's messages, in several segments
+    n = 18 << 20   # 72 MiB of float32: every all_reduce algorithm's messages, in several 16 MiB segments
     x = ctx.on_device(np.full(n, ctx.rank + 1.0, np.float32))
     comm.all_reduce(x, algorithm="ring")   # sets CUDA IPC up
     before = comm.transport.carried()
@@ -196,7 +196,7 @@ def check_device_only(ctx) -> str:
     assert set(routes.values()) == {"cuda_ipc"}, f"device routes {routes}"
     device, host = after["device"] - before["device"], after["host"] - before["host"]
     assert device > 0 and host == 0, f"received {device} bytes from peers' device memory and {host} through host"
-    detail = (f"{len(ran)} algorithms x 24 MiB: {device >> 20} MiB read from peers' device memory, 0 through "
+    detail = (f"{len(ran)} algorithms x {x.nbytes >> 20} MiB: {device >> 20} MiB read from peers' device memory, 0 through "
               f"host; routes {routes}")
     if copies is not None:
         assert copies["to_host_calls"] == copies["to_device_calls"] == 0, f"host copies: {copies}"
@@ -296,18 +296,19 @@ def check_memory(ctx) -> str:
     del x
     base = _used(ctx)
     comm = ctx.fresh()
-    n = 6 << 20   # 24 MiB: more than one pool share
+    n = 10 << 20   # 40 MiB: more than one pool share (32 MiB)
     x = ctx.on_device(np.full(n, ctx.rank + 1.0, np.float32))
     comm.all_reduce(x, algorithm="ring")
     device = comm.transport._device
     pool = device.pool_share * len(device.others)
     p2p = ctx.on_device(np.full(n, float(ctx.rank), np.float32))   # one message larger than a share
+    assert p2p.nbytes > device.pool_share, f"the send ({p2p.nbytes} B) fits a pool share ({device.pool_share} B)"
     got = ctx.cupy.zeros(n, np.float32)
     work = comm.send(p2p, (ctx.rank + 1) % ctx.size, async_op=True)
     comm.recv(got, (ctx.rank - 1) % ctx.size)
     work.wait(60)
-    assert bool((got == (ctx.rank - 1) % ctx.size).all()), "24 MiB send/recv"
-    assert bool((x == ctx.size * (ctx.size + 1) / 2).all()), "24 MiB all_reduce"
+    assert bool((got == (ctx.rank - 1) % ctx.size).all()), "40 MiB send/recv"
+    assert bool((x == ctx.size * (ctx.size + 1) / 2).all()), "40 MiB all_reduce"
     carried = comm.transport.carried()
     during = _used(ctx)
     comm.close()
@@ -316,7 +317,7 @@ def check_memory(ctx) -> str:
     slack = 0 if ctx.stand_in else 8 << 20
     assert after <= base + slack, (f"device memory in use: {base >> 20} MiB before, {during >> 20} MiB with the "
                                    f"transport, {after >> 20} MiB after close")
-    detail = (f"pool {pool >> 20} MiB per rank; a 24 MiB send bounced through host ({carried['host'] >> 20} MiB); "
+    detail = (f"pool {pool >> 20} MiB per rank; a {n * 4 >> 20} MiB send bounced through host ({carried['host'] >> 20} MiB); "
               f"in use {base >> 20} -> {during >> 20} -> {after >> 20} MiB after close")
     if ctx.stand_in:
         left = ctx.cupy.stand_in.live_allocations("malloc") + ctx.cupy.stand_in.live_allocations("ipc")

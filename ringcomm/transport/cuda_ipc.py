@@ -38,16 +38,18 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..core.schedule import DEVICE_SEGMENT_BYTES
 from ..errors import CommError
 from .devices import cupy_module, is_device_array
 from .shm import Segment, ShmTransport, staging
 
 _LAZY_PEER_ACCESS = 1   # cudaIpcMemLazyEnablePeerAccess
-# The device staging pool: room for several 1 MiB schedule segments of two lanes in flight to each
-# peer, so that a payload rarely overflows through host memory (device memory is less scarce than
-# a container's /dev/shm); at most DEVICE_POOL_CAP per rank however many peers it has.
-DEVICE_SHARE_BYTES = 16 << 20
-DEVICE_POOL_CAP = 128 << 20
+# The device staging pool: room for two schedule segments (16 MiB each: core/schedule.py) in flight
+# to each peer, one per lane of a two-lane algorithm, so that a collective's payload never
+# overflows through host memory (device memory is less scarce than a container's /dev/shm). At
+# most DEVICE_POOL_CAP per rank: up to 8 peers get two segments, up to 16 one.
+DEVICE_SHARE_BYTES = 2 * DEVICE_SEGMENT_BYTES
+DEVICE_POOL_CAP = 16 * DEVICE_SEGMENT_BYTES
 
 
 def _device_view(cupy, ptr: int, nbytes: int, owner):
