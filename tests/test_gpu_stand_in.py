@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import cupy_stand_in
+from mpi_util import mpi_env, mpirun_path
 import ringcomm
 from ringcomm.core.buffers import as_buffer
 from ringcomm.core.ops import DTYPES, ReduceOp, reducer
@@ -94,6 +95,28 @@ def test_the_verdict_passes_and_says_what_it_could_not_check(stand_in_run):
     for name in ("torch-ddp", "nccl-1rank", "gloo-1rank"):
         assert lines[name][0] == "SKIP" and "no CUDA" in lines[name][1], lines[name]
     assert lines["time-64MiB"] == ("SKIP", "times over the cupy stand-in mean nothing")
+
+
+@mpi
+def test_gpu_perf_prints_every_section_and_no_segment_goes_through_host():
+    """benchmarks/gpu_perf.py, which timed the device segment size on the H200 (docs/gpu.md),
+    keeps running: every row of every section, and each algorithm's 40 MiB all_reduce (three
+    16 MiB segments a step) carried by the device pool alone. Its times mean nothing here."""
+    env = {"PYTHONPATH": f"{ROOT}:{ROOT / 'tests' / 'stand_ins'}", "STAND_IN_CUPY_DEVICES": "2",
+           "STAND_IN_CUPY_PEER_ACCESS": "1"}
+    proc = subprocess.run([mpirun_path(), "-n", "2", sys.executable, str(ROOT / "benchmarks" / "gpu_perf.py"),
+                           "--sizes", "4,1K,1M", "--big", "40M", "--iters", "2"],
+                          env=mpi_env(env), capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    rows = proc.stdout.splitlines()
+    sections = [row.split(":")[0] for row in rows]
+    names = [a for a in ringcomm.algorithms.names("all_reduce") if not ringcomm.algorithms.is_window("all_reduce", a)]
+    assert sections == ["floor"] + ["sizes"] * 3 + ["segments"] * 3 + ["algorithms"] * (len(names) + 3) + ["torch"], proc.stdout
+    through = [row for row in rows if "B through host" in row]
+    assert [row.split()[3] for row in through] == names, proc.stdout
+    assert all(row.endswith(", 0 B through host") for row in through), proc.stdout
+    assert [row.split(", ")[1].split()[0] for row in rows if row.startswith("segments")] == ["1", "4", "16"], proc.stdout
+    assert rows[-1] == "torch: SKIP (this torch has no CUDA)"
 
 
 # ---- in process --------------------------------------------------------------------------------
