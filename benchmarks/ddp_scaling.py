@@ -2,6 +2,7 @@
 
     python benchmarks/ddp_scaling.py                      # launches every mpirun job itself
     python benchmarks/ddp_scaling.py --ranks 1,2 --impl ringcomm,torch --json ddp.json
+    python benchmarks/ddp_scaling.py --device cuda --ranks 2 --impl ringcomm,torch,torch-ringcomm
 
 Every job trains the same MLP (``--width`` x ``--depth``, big enough that its gradients take
 real time to all-reduce), or with ``--model transformer`` examples/train.py's transformer
@@ -20,6 +21,11 @@ exposed = step - compute is what communication added to a step; hidden = 1 - exp
 is the fraction of the communication that overlapped backward. Scaling efficiency =
 samples/s at n ranks / (n x samples/s of ``local``). An implementation that cannot start is
 reported as unavailable with its reason.
+
+``--device cuda``: model, data and the comm buffers on GPU ``local rank % device count`` (ranks
+share a GPU where there are fewer), each timing ending in a device synchronisation. torch's DDP
+then runs over gloo on CUDA tensors, which gloo copies through host memory; NCCL is not among
+the implementations because it refuses two ranks on one GPU. On a CPU-only torch it stops at once.
 """
 from __future__ import annotations
 
@@ -113,7 +119,13 @@ def worker(args) -> None:
     torch.set_num_threads(1)
     world = MPI.COMM_WORLD
     rank, n = world.Get_rank(), world.Get_size()
-    net = build_model(args.width, args.depth, 10, seed=0, model=args.model)
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        local = world.Split_type(MPI.COMM_TYPE_SHARED)
+        device = torch.device("cuda", local.Get_rank() % torch.cuda.device_count())
+        local.Free()
+        torch.cuda.set_device(device)
+    net = build_model(args.width, args.depth, 10, seed=0, model=args.model).to(device)
     params = sum(p.numel() for p in net.parameters())
     error = ""
     try:
@@ -126,7 +138,7 @@ def worker(args) -> None:
             print("RESULT " + json.dumps({"impl": args.impl, "ranks": n,
                                           "error": next(e for e in errors if e)}), flush=True)
         return
-    data, target = batch_of(args.model, args.width, args.batch, rank)
+    data, target = (t.to(device) for t in batch_of(args.model, args.width, args.batch, rank))
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     loss_fn = torch.nn.CrossEntropyLoss()
     no_sync = getattr(model, "no_sync", None) or contextlib.nullcontext
@@ -137,7 +149,8 @@ def worker(args) -> None:
             loss_fn(model(data), target).backward()
         opt.step()
 
-    grads = [torch.zeros(min(BUCKET_BYTES // 4, params - off)) for off in range(0, params, BUCKET_BYTES // 4)]
+    grads = [torch.zeros(min(BUCKET_BYTES // 4, params - off), device=device) for off in range(0, params, BUCKET_BYTES // 4)]
+    finish = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     def comm_only() -> None:
         for bucket in grads:
@@ -153,9 +166,11 @@ def worker(args) -> None:
     spent = {name: 0.0 for name in phases}
     for _ in range(args.steps):   # interleaved, so machine noise hits all three alike
         for name, fn in phases.items():
+            finish()
             world.Barrier()
             t0 = time.perf_counter()
             fn()
+            finish()
             spent[name] += time.perf_counter() - t0
     worst = {name: world.allreduce(s / args.steps, op=MPI.MAX) for name, s in spent.items()}
     if rank == 0:
@@ -182,7 +197,8 @@ def run_job(impl: str, n: int, args) -> dict:
     env.setdefault("RINGCOMM_TIMEOUT", "120")
     cmd = [mpirun(), "-n", str(n), sys.executable, str(Path(__file__).resolve()), "--worker", "--impl", impl,
            "--width", str(args.width), "--depth", str(args.depth), "--batch", str(args.batch),
-           "--steps", str(args.steps), "--warmup", str(args.warmup), "--model", args.model] \
+           "--steps", str(args.steps), "--warmup", str(args.warmup), "--model", args.model,
+           "--device", args.device] \
         + (["--bucket-view"] if args.bucket_view else [])
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.job_timeout)
@@ -213,6 +229,10 @@ def table(results: list[dict]) -> list[str]:
 
 def driver(args) -> int:
     ranks = [int(k) for k in args.ranks.split(",")]
+    if args.device == "cuda":
+        import torch
+        if not torch.cuda.is_available():
+            raise SystemExit(f"--device cuda: this torch ({torch.__version__}) sees no CUDA device")
     impls = [i.strip() for i in args.impl.split(",") if i.strip()]
     for impl in impls:
         if impl not in IMPLS:
@@ -226,7 +246,8 @@ def driver(args) -> int:
              f"transformer of examples/train.py, {args.depth} layers of dim {args.width}")
     print(f"# {shape} ({nparams / 1e6:.1f} M params, {nparams * 4 / 2**20:.0f} MiB of "
           f"fp32 gradients), batch {args.batch} per rank, {args.steps} steps after {args.warmup} warm-up, "
-          f"torch threads 1{'; gradient_as_bucket_view' if args.bucket_view else ''}; {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}, load {os.getloadavg()}")
+          f"torch threads 1{'; gradient_as_bucket_view' if args.bucket_view else ''}"
+          f"{'; on CUDA' if args.device == 'cuda' else ''}; {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}, load {os.getloadavg()}")
     for k, (impl, n) in enumerate(jobs):
         sys.stderr.write(f"\r[{k + 1}/{len(jobs)}] {impl} on {n} rank(s)   ")
         sys.stderr.flush()
@@ -259,6 +280,7 @@ def main() -> int:
     p.add_argument("--no-local", action="store_true", help="skip the undistributed base (no efficiency)")
     p.add_argument("--bucket-view", action="store_true",
                    help="gradient_as_bucket_view=True in both DDPs: no copy into or out of buckets")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where model, data and buckets live")
     p.add_argument("--json")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()

@@ -197,6 +197,19 @@ def test_ddp_scaling_runs_both_implementations(tmp_path, model):
         assert "DistributedDataParallel" in results[("ringcomm", 2)]["error"]
 
 
+def test_ddp_scaling_on_cuda_stops_at_once_where_torch_has_no_cuda():
+    """--device cuda (the H200 run of docs/gpu.md) refuses a CPU-only torch before any job."""
+    import subprocess
+
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this torch has CUDA: the refusal cannot happen here")
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ddp_scaling.py"), "--device", "cuda"],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 1 and proc.stdout == "", proc.stdout + proc.stderr
+    assert f"--device cuda: this torch ({torch.__version__}) sees no CUDA device" in proc.stderr
+
+
 def _row(size, backend, algorithm, time_us, factor=1.0):
     bw = size / time_us / 1e3
     return perf.Row("all_reduce", size, size // 4, "float32", 2, backend, algorithm, "", time_us, bw,
