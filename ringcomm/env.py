@@ -119,7 +119,7 @@ VARIABLES = {v.name: v for v in (
     Variable("RINGCOMM_SHM_CMA_MIN", "bytes >= 0, like 65536, 64K, 32M", "(measured, else 32M)",
              "collectives at least this large read by CMA, smaller ones copy through shared memory",
              parse_size),
-    Variable("RINGCOMM_SHM_CMA_P2P_MIN", "bytes >= 0, like 65536, 64K, 1M", "(measured, else 4M)",
+    Variable("RINGCOMM_SHM_CMA_P2P_MIN", "bytes >= 0, like 65536, 64K, 1M", "(measured, else 256K or 4M by the host)",
              "sends (comm.send) at least this large read by CMA, smaller ones copy through shared memory",
              parse_size),
     Variable("RINGCOMM_SHM_POOL", "bytes >= 0, like 1M, 4M", "4M (less when /dev/shm is small)",

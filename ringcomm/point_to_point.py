@@ -132,9 +132,9 @@ class PointToPoint:
         tag = p2p_tag(call.dtype.name, call.tag)
         if call.inp is not None:   # a send
             # The caller's array stays untouched until the send completes (``send``'s rule), so
-            # from 4 MiB on (cma.P2P_MIN_BYTES) the receiver reads it straight out of this
-            # process (CMA), or where CMA is off through a pipe (shm/pipe.py), instead of
-            # through the staging pool or MPI (Transport.isend_p2p).
+            # from cma_p2p_min_bytes on (256 KiB or 4 MiB by the host: cma.py) the receiver
+            # reads it straight out of this process (CMA), or where CMA is off through a pipe
+            # (shm/pipe.py), instead of through the staging pool or MPI (Transport.isend_p2p).
             request = transport.isend_p2p(call.inp.flat, call.peer, tag)
             return _Posted(self, call, work, request, sending=True).test, request.cancel, request.passive
         if call.peer is not None:

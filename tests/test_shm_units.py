@@ -83,6 +83,26 @@ def test_fault_specs_parse_and_bad_ones_name_what_is_accepted(monkeypatch):
     faults.fire("ring", 0)   # another rank: nothing happens
 
 
+def test_sends_are_read_by_cma_from_256k_only_where_this_hosts_reads_are_fast(monkeypatch):
+    """The eager pool's two copies against one CMA read: which wins below 4 MiB is the host's
+    (cma.py has the figures), so a node that reads by CMA asks its own reads."""
+    from ringcomm.transport.shm import cma
+    monkeypatch.delenv("RINGCOMM_SHM_CMA_P2P_MIN", raising=False)
+    monkeypatch.setattr(cma, "read_cost", lambda: 1.9)   # the Intel Xeon host
+    assert cma.p2p_min_bytes(probe=True) == 256 << 10
+    assert cma.p2p_min_bytes(probe=False) == 4 << 20     # no CMA: the pipe's floor is not the host's
+    monkeypatch.setattr(cma, "read_cost", lambda: 3.8)   # the AMD EPYC host
+    assert cma.p2p_min_bytes(probe=True) == 4 << 20
+    monkeypatch.setenv("RINGCOMM_SHM_CMA_P2P_MIN", "64K")   # the variable wins over the host
+    assert cma.p2p_min_bytes(probe=True) == 64 << 10
+
+
+def test_read_cost_reads_this_process_for_real():
+    from ringcomm.transport.shm import cma
+    cost = cma.read_cost.__wrapped__(64 << 10)   # not the cached 1 MiB figure
+    assert 0 < cost < float("inf"), cost
+
+
 def test_reliability_doc_lists_every_variable():
     text = (ROOT / "docs" / "reliability.md").read_text()
     assert env.table() in text, "docs/reliability.md: paste the output of python -c 'from ringcomm import env; print(env.table())'"

@@ -23,8 +23,11 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
+import math
 import os
 import threading
+import time
 from typing import Optional
 
 import numpy as np
@@ -40,12 +43,15 @@ CHUNK = 1 << 20          # bytes read per system call before reducing: stays in 
 # ring at 256 KiB-16 MiB took 1.2-1.6x longer with CMA, at 64 MiB 0.75x; docs/transports.md).
 MIN_BYTES = 32 << 20
 # A send (comm.send) is one copy by CMA against two through the pool (the sender's copy in, the
-# receiver's copy out), but a process_vm_readv here copies at a quarter of memcpy's speed in cache
-# (pinning every page), and a pooled send is done for its caller once copied in. 2 ranks
-# exchanging messages (allreduce_perf.py --collective sendrecv, two alternating launches with this
-# floor at 64K and at 1G): pooled 0.53x the CMA time at 1 MiB, 0.61-0.64x at 2 MiB, 1.35-1.37x at
-# 4 MiB (docs/transports.md).
+# receiver's copy out), and a pooled send is done for its caller once copied in. Which wins below
+# 4 MiB depends on the host this VM lands on: how fast a read pins pages (``read_cost``). 2 ranks
+# exchanging 1 MiB, CMA / pool: an AMD EPYC host, where a read took 3.8 memcpys, 175-178 / 92-94
+# us (pooled also 0.61-0.64x at 2 MiB, 1.35-1.37x at 4 MiB); an Intel Xeon host, where it took
+# 1.6-2.1, 121-123 / 201-204 us, and at 256 KiB 42 / 56 (docs/transports.md). So reads start at
+# 256 KiB where a read costs at most READ_FAST memcpys, else at 4 MiB.
 P2P_MIN_BYTES = 4 << 20
+READ_FAST = 2.5
+FAST_P2P_MIN_BYTES = 256 << 10
 
 
 class _IoVec(ctypes.Structure):
@@ -101,10 +107,36 @@ def min_bytes() -> int:
     return MIN_BYTES if value is None else value
 
 
-def p2p_min_bytes() -> int:
-    """RINGCOMM_SHM_CMA_P2P_MIN (bytes), else P2P_MIN_BYTES."""
+def p2p_min_bytes(probe: bool = False) -> int:
+    """RINGCOMM_SHM_CMA_P2P_MIN (bytes); else, with ``probe`` (this node reads by CMA),
+    FAST_P2P_MIN_BYTES where this host's reads are fast (``read_cost``); else P2P_MIN_BYTES. A
+    tuning file's measured floor replaces the last two (init.py)."""
     value = env.get("RINGCOMM_SHM_CMA_P2P_MIN")
-    return P2P_MIN_BYTES if value is None else value
+    if value is not None:
+        return value
+    return FAST_P2P_MIN_BYTES if probe and read_cost() <= READ_FAST else P2P_MIN_BYTES
+
+
+@functools.lru_cache(maxsize=1)   # once per process: its CPU and kernel do not change
+def read_cost(nbytes: int = 1 << 20) -> float:
+    """A process_vm_readv of ``nbytes`` of this process's own memory, over a memcpy of them: the
+    page pinning that decides between one CMA read and two copies through the pool. Best of five
+    each, warm, about a millisecond in all; inf where the read fails."""
+    src, dst = np.ones(nbytes, np.uint8), np.zeros(nbytes, np.uint8)
+    pid, src_addr, dst_addr = os.getpid(), address(src), address(dst)
+
+    def best(fn) -> float:
+        times = []
+        for _ in range(6):   # the first warms the caches and the page tables
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return min(times[1:])
+    try:
+        read = best(lambda: read_process(pid, src_addr, dst_addr, nbytes))
+    except OSError:
+        return math.inf
+    return read / max(best(lambda: copying.numpy_copy(dst, src)), 1e-9)
 
 
 def blocked() -> Optional[str]:
