@@ -177,12 +177,22 @@ class _Posted:
         except MismatchError as err:   # the transport's words, after the call's own
             raise MismatchError(f"{self.work.description}: {err}") from None
 
+    def _unmatched(self) -> str:
+        """Why a send may wait forever on a correct-looking program: its receiver reads it out of
+        the caller's array, so it needs the matching recv posted (MPI's rendezvous)."""
+        rendezvous = getattr(self.request, "rendezvous", None)   # the reference backends' requests have none
+        if not (self.sending and rendezvous is not None and rendezvous()):
+            return ""
+        return (f"; rank {self.call.peer} did not receive it: a send this large is read by its receiver out of "
+                f"the array, so it completes only once the matching recv is posted (post the recv first, or "
+                f"send with async_op=True and wait after receiving)")
+
     def stalled(self, peer: Optional[int]) -> bool:
         """Raise if the operation can no longer finish (False while it may)."""
         now = time.monotonic()
         if self.deadline is not None and now >= self.deadline:
             raise CommTimeoutError(f"{self.work.description}: timed out after {self.comm.timeout:g} s "
-                                   f"({self.call.count} x {self.call.dtype.name})")
+                                   f"({self.call.count} x {self.call.dtype.name}){self._unmatched()}")
         if now < self.next_probe:
             return False
         self.next_probe = now + executor.DIAGNOSE_EVERY

@@ -287,3 +287,15 @@ def test_segments_shared_by_name_where_descriptors_cannot_be_opened():
     said = re.findall(r"rank \d: the ranks of this node cannot open each other's segments through "
                       r"/proc/<pid>/fd; they share them by name", proc.stderr)
     assert len(said) == 3, proc.stderr
+
+
+@pytest.mark.parametrize("road", ["cma", "pipe"])
+def test_a_send_read_out_of_the_callers_array_times_out_saying_it_waits_for_its_recv(road):
+    """Ranks that both send before they receive: fine while sends are copied into the pool, a
+    timeout on both ranks once they are read in place, and the timeout says why (a host with
+    fast CMA reads does that from 256 KiB without any variable: cma.py)."""
+    if road == "pipe" and not pipe.enabled():
+        pytest.skip("pipes need the compiled piece (ringcomm/transport/shm/_pipe.c)")
+    env = {"RINGCOMM_SHM_CMA_P2P_MIN": "64K", "RINGCOMM_TIMEOUT": "2", **({"RINGCOMM_SHM_CMA": "0"} if road == "pipe" else {})}
+    out = run_mpi(2, "send_before_recv.py", env=env, timeout=60).stdout
+    assert sorted(line.split(":")[0] for line in out.splitlines() if "saying why" in line) == ["rank 0", "rank 1"], out

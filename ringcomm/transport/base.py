@@ -52,6 +52,11 @@ class Request(ABC):
         it only observes the acknowledgement, so nobody need be woken to test it."""
         return False
 
+    def rendezvous(self) -> bool:
+        """A send: True when its receiver reads the bytes out of the caller's array, so only a
+        matching receive completes it (a timeout then says so)."""
+        return False
+
 
 class DoneRequest(Request):
     def wait(self, timeout):

@@ -84,6 +84,9 @@ class _Send(Request):
                 return False
         return self.test()
 
+    def rendezvous(self) -> bool:
+        return self.seg in (CMA, PIPE)
+
     def passive(self) -> bool:
         # Published, and read by the receiver from the pool or by CMA: only its acknowledgement
         # is left. A pipe the sender still has to fill is not: the progress thread fills it while
