@@ -296,7 +296,7 @@ def check_memory(ctx) -> str:
     del x
     base = _used(ctx)
     comm = ctx.fresh()
-    n = 10 << 20   # 40 MiB: more than one pool share (32 MiB)
+    n = 20 << 20   # 80 MiB: more than one pool share (64 MiB)
     x = ctx.on_device(np.full(n, ctx.rank + 1.0, np.float32))
     comm.all_reduce(x, algorithm="ring")
     device = comm.transport._device
@@ -307,8 +307,8 @@ def check_memory(ctx) -> str:
     work = comm.send(p2p, (ctx.rank + 1) % ctx.size, async_op=True)
     comm.recv(got, (ctx.rank - 1) % ctx.size)
     work.wait(60)
-    assert bool((got == (ctx.rank - 1) % ctx.size).all()), "40 MiB send/recv"
-    assert bool((x == ctx.size * (ctx.size + 1) / 2).all()), "40 MiB all_reduce"
+    assert bool((got == (ctx.rank - 1) % ctx.size).all()), "80 MiB send/recv"
+    assert bool((x == ctx.size * (ctx.size + 1) / 2).all()), "80 MiB all_reduce"
     carried = comm.transport.carried()
     during = _used(ctx)
     comm.close()

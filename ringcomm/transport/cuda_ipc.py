@@ -44,12 +44,14 @@ from .devices import cupy_module, is_device_array
 from .shm import Segment, ShmTransport, staging
 
 _LAZY_PEER_ACCESS = 1   # cudaIpcMemLazyEnablePeerAccess
-# The device staging pool: room for two schedule segments (16 MiB each: core/schedule.py) in flight
-# to each peer, one per lane of a two-lane algorithm, so that a collective's payload never
-# overflows through host memory (device memory is less scarce than a container's /dev/shm). At
-# most DEVICE_POOL_CAP per rank: up to 8 peers get two segments, up to 16 one.
-DEVICE_SHARE_BYTES = 2 * DEVICE_SEGMENT_BYTES
-DEVICE_POOL_CAP = 16 * DEVICE_SEGMENT_BYTES
+# The device staging pool: room for four schedule segments (16 MiB each: core/schedule.py) in
+# flight to each peer, so that a collective's payload does not overflow through host memory
+# (device memory is less scarce than a container's /dev/shm). Two were not enough: a two-lane
+# algorithm (hierarchical_tree) then overflowed 16-32 MiB of a 72 MiB all_reduce through host in
+# 9 of 12 runs on a loaded machine (the stand-in). At most DEVICE_POOL_CAP per rank: up to 8 peers
+# get four segments, up to 16 two.
+DEVICE_SHARE_BYTES = 4 * DEVICE_SEGMENT_BYTES
+DEVICE_POOL_CAP = 32 * DEVICE_SEGMENT_BYTES
 
 
 def _device_view(cupy, ptr: int, nbytes: int, owner):
