@@ -422,7 +422,8 @@ class Communicator(PointToPoint, SubCommunicators):
         reduce = None if call.op is None else reducer(call.op, call.dtype)
         count = collective.envelope_count(call)
         static = static_bits(collective.code, call.dtype.name if call.dtype else None, count, op_code(call.op))
-        seg = max(1, (DEFAULT_SEGMENT_BYTES if host else DEVICE_SEGMENT_BYTES) // (call.dtype.itemsize if call.dtype else 1))
+        seg_bytes = DEFAULT_SEGMENT_BYTES if host else DEVICE_SEGMENT_BYTES
+        seg = max(1, seg_bytes // (call.dtype.itemsize if call.dtype else 1))
         if algorithms.is_window(name, chosen):
             window, shape = algorithms.get(name, chosen), call.shape(self.size, seg)
             static |= window_kind_bits(algorithms.window_kind(name, chosen))

@@ -76,7 +76,7 @@ DEFAULT_SEGMENT_BYTES = 1 << 20  # big enough to amortise a message, small enoug
 # Device memory: each message costs a stream synchronisation on both sides (about 20 us on an
 # H200 to itself, 270 us when two processes share it), so 1 MiB messages ran at 2 GB/s. A 64 MiB
 # ring all_reduce on 2 ranks of one H200 took 33.7 ms with 1 MiB segments, 8.6 ms with 4 MiB and
-# 3.2 ms with 16 MiB (docs/gpu.md). transport/cuda_ipc.py sizes its pool shares to hold two.
+# 3.2 ms with 16 MiB (docs/gpu.md). transport/cuda_ipc.py sizes its pool shares to hold four.
 DEVICE_SEGMENT_BYTES = 16 << 20
 CHANNELS = 4  # distinct channels an algorithm may use; the executor folds them into tags
 CONFIRM_CHANNEL = CHANNELS - 1   # reserved for the confirmation barrier of rooted collectives
