@@ -28,10 +28,7 @@ import argparse
 import statistics
 import time
 
-
-def parse_bytes(text: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
+from ringcomm.env import parse_size
 
 
 class Bench:
@@ -158,8 +155,8 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=10, help="timed runs per row (median printed)")
     p.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections of {', '.join(SECTIONS)}")
     args = p.parse_args()
-    args.sizes = [parse_bytes(s) for s in args.sizes.split(",")]
-    args.big = parse_bytes(args.big)
+    args.sizes = [parse_size(s) for s in args.sizes.split(",")]
+    args.big = parse_size(args.big)
     unknown = set(args.only.split(",")) - set(SECTIONS)
     if unknown:
         p.error(f"--only: unknown sections {sorted(unknown)} (expected some of {', '.join(SECTIONS)})")

@@ -180,8 +180,7 @@ class _Posted:
     def _unmatched(self) -> str:
         """Why a send may wait forever on a correct-looking program: its receiver reads it out of
         the caller's array, so it needs the matching recv posted (MPI's rendezvous)."""
-        rendezvous = getattr(self.request, "rendezvous", None)   # the reference backends' requests have none
-        if not (self.sending and rendezvous is not None and rendezvous()):
+        if not (self.sending and self.request.rendezvous()):
             return ""
         return (f"; rank {self.call.peer} did not receive it: a send this large is read by its receiver out of "
                 f"the array, so it completes only once the matching recv is posted (post the recv first, or "
