@@ -18,13 +18,16 @@ left waiting for one that gave up alone.
 Some inputs of the cost model may differ honestly between ranks: the cores a rank may run on
 (taskset, cgroups), the machine's last-level cache (nodes of two kinds), and whether a rank runs
 the compiled window rounds (they work with the Python rounds, tests/mpi_jobs/compiled_round.py,
-but cost less). The job agrees on them instead: the most crowded rank's share of a core, the
-smallest cache, the Python rounds' price if any rank runs them (``Agreed``).
+but cost less), and how fast its host reads a peer's memory by CMA (the hosts this VM lands on
+differ 2x: cma.read_cost). The job agrees on them instead: the most crowded rank's share of a
+core, the smallest cache, the Python rounds' price if any rank runs them, the slow-read price if
+any rank's host reads slowly (``Agreed``).
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass
 
 from . import env
@@ -53,6 +56,7 @@ class Settings:
     cores: int = 1           # cores this rank may run on
     cache: int = 0           # bytes of this machine's last-level cache (0: unknown)
     compiled: bool = True    # this rank runs the compiled window rounds
+    read_cost: float = 0.0   # a CMA read of 1 MiB over a memcpy on this host (cma.read_cost); 0: not measured
     problem: str = ""        # what this rank could not read (its own UsageError), else ""
 
     def encode(self) -> str:
@@ -77,7 +81,23 @@ def local(backend: str, ranks_here: int) -> Settings:
         problem = str(err)
     blank = {**dict.fromkeys(_NAMES, "?"), "tuning_source": "?"}
     return Settings(**{**blank, **fields}, ranks_here=ranks_here, cores=cores(), cache=last_level_cache(),
-                    compiled=compiled.enabled(), problem=problem)
+                    compiled=compiled.enabled(), read_cost=host_read_cost(backend, ranks_here), problem=problem)
+
+
+def host_read_cost(backend: str, ranks_here: int) -> float:
+    """This host's CMA read cost (about 3 ms, measured once per process: the shm transport's
+    send floor asks for the same), where the direct algorithms may run: ringcomm's own backend,
+    several ranks on this host, CMA not turned off. 0 elsewhere, and where the read fails."""
+    if backend != "ringcomm" or ranks_here < 2:
+        return 0.0
+    from .transport.shm import cma
+    try:
+        if cma.blocked() is not None:
+            return 0.0
+        cost = cma.read_cost()
+    except UsageError:   # RINGCOMM_SHM_CMA malformed: env.check_all reports it as this rank's problem
+        return 0.0
+    return cost if math.isfinite(cost) else 0.0
 
 
 def _fields(backend: str) -> dict:
@@ -129,22 +149,25 @@ def _shown(field: str, value: str, gathered: list) -> str:
 @dataclass(frozen=True)
 class Agreed:
     """What every rank prices the cost model with: the most crowded rank's ranks and cores, the
-    smallest cache any machine reports (0 if one does not say), and whether every rank runs the
-    compiled window rounds."""
+    smallest cache any machine reports (0 if one does not say), whether every rank runs the
+    compiled window rounds, and whether every rank's host reads peers' memory fast."""
     ranks_here: int
     cores: int
     cache: int
     compiled_everywhere: bool
+    fast_reads: bool = False
 
     def apply(self, selector) -> None:
-        selector.set_host(self.ranks_here, self.cores, self.cache)
+        selector.set_host(self.ranks_here, self.cores, self.cache, fast_reads=self.fast_reads)
         selector.set_job(self.compiled_everywhere)
 
 
 def agreed(gathered: list) -> Agreed:
+    from .transport.shm.cma import READ_FAST
     crowded = max(gathered, key=lambda s: (s.ranks_here / max(1, s.cores), s.ranks_here))
+    # The slowest reader decides: one fast rank's probe must not price every node's reads.
     return Agreed(crowded.ranks_here, crowded.cores, min(s.cache for s in gathered),
-                  all(s.compiled for s in gathered))
+                  all(s.compiled for s in gathered), all(0 < s.read_cost <= READ_FAST for s in gathered))
 
 
 def _grouped(values: dict) -> dict:

@@ -50,6 +50,31 @@ def test_the_cost_model_gets_the_most_crowded_rank_the_smallest_cache_and_the_py
     assert agreement.agreed([settings(ranks_here=2, cores=2, cache=0)]) == agreement.Agreed(2, 2, 0, True)
 
 
+def test_reads_are_priced_fast_only_when_every_rank_s_host_measured_them_fast():
+    fast, slow, unmeasured = settings(read_cost=1.8), settings(read_cost=3.8), settings(read_cost=0.0)
+    assert agreement.agreed([fast, fast]).fast_reads
+    assert not agreement.agreed([fast, slow]).fast_reads        # the slowest host decides
+    assert not agreement.agreed([fast, unmeasured]).fast_reads  # CMA off, or another backend
+    from ringcomm.selection.selector import Selector
+    selector = Selector()
+    agreement.agreed([fast, fast]).apply(selector)
+    assert selector.fast_reads
+
+
+def test_the_read_probe_runs_only_where_direct_reads_can_run(monkeypatch):
+    from ringcomm.transport.shm import cma
+    monkeypatch.setattr(cma, "read_cost", lambda: 1.5)
+    assert agreement.host_read_cost("ringcomm", 2) == 1.5
+    assert agreement.host_read_cost("mpi", 2) == 0.0 and agreement.host_read_cost("ringcomm", 1) == 0.0
+    monkeypatch.setenv("RINGCOMM_SHM_CMA", "0")
+    assert agreement.host_read_cost("ringcomm", 2) == 0.0
+    monkeypatch.setenv("RINGCOMM_SHM_CMA", "maybe")   # reported by env.check_all, not here
+    assert agreement.host_read_cost("ringcomm", 2) == 0.0
+    monkeypatch.setenv("RINGCOMM_SHM_CMA", "1")
+    monkeypatch.setattr(cma, "read_cost", lambda: float("inf"))   # the read failed
+    assert agreement.host_read_cost("ringcomm", 2) == 0.0
+
+
 def test_the_exchange_through_a_store_carries_long_texts_and_raises_on_every_rank():
     """torchrun's road (init_from_store): the same exchange over the Store, texts past any fixed row."""
     import torch.distributed as dist

@@ -261,6 +261,9 @@ def test_explain_cli_prints_every_candidate_and_the_choice(capsys):
         assert name in out
     assert "<- chosen" in out and "choice:" in out and "2 node(s)" in out
     assert main(["--size", "huge"]) == 2
+    assert main(["--collective", "broadcast", "--intra", "shm", "--fast-reads"]) == 0
+    out = capsys.readouterr().out
+    assert "a host whose reads are fast" in out and "direct" in out.split("<- chosen")[0].splitlines()[-1]
 
 
 def test_simulate_cli_prints_crossovers_up_to_4096_ranks(capsys, tmp_path):
@@ -385,3 +388,32 @@ def test_the_last_level_cache_is_read_from_sysfs_and_unknown_is_zero(tmp_path):
     assert last_level_cache(str(tmp_path / "absent")) == 0
     (tmp_path / "index3" / "size").write_text("lots\n")
     assert last_level_cache(str(tmp_path)) == 0
+
+
+def test_hosts_whose_reads_are_fast_price_direct_reads_with_their_own_link_unless_a_file_measured_them(tmp_path):
+    # The two hosts this VM lands on: forced direct beat one_shot from 1 MiB on the fast-read one
+    # (broadcast 40 us against 74), and lost there on the other; the job agrees which it is.
+    kw = dict(routes=("shm", "shm"), window_bytes=512 << 10, direct=True, compiled=True)
+    fast, slow = Selector(), Selector()
+    fast.set_host(2, 2, cache_bytes=480 << 20, fast_reads=True)
+    slow.set_host(2, 2, cache_bytes=480 << 20)
+    for collective in ("broadcast", "all_reduce", "all_gather", "gather", "scatter"):
+        assert fast.explain(collective, 1 << 20, 2, **kw).algorithm == "direct", collective
+        assert slow.explain(collective, 1 << 20, 2, **kw).algorithm == "one_shot", collective
+        assert fast.explain(collective, 256 << 10, 2, **kw).algorithm == "one_shot", collective
+    net = fast.explain("broadcast", 1 << 20, 2, **kw).network
+    assert net.fast_reads and net.direct == DEFAULT_TUNING.link("shm-direct-fast")
+    from ringcomm.selection.selector import describe
+    assert "a host whose reads are fast" in describe(fast.explain("broadcast", 1 << 20, 2, **kw))
+    assert "a host whose reads are fast" not in describe(slow.explain("broadcast", 1 << 20, 2, **kw))
+    # Threads have no fast variant: their link is unchanged.
+    threads = fast.explain("broadcast", 1 << 20, 2, routes=("threads", "threads"), window_bytes=512 << 10,
+                           direct=True)
+    assert threads.network.direct == DEFAULT_TUNING.link("threads-direct") and not threads.network.fast_reads
+    # A tuning file that measured "shm-direct" is this host's own answer: the fast guess steps aside.
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"format": 1, "links": {"shm-direct": {"alpha": 40e-6, "beta": 1 / 4e9}}}))
+    tuned = Selector(tuning=load_tuning(path))
+    tuned.set_host(2, 2, cache_bytes=480 << 20, fast_reads=True)
+    net = tuned.explain("broadcast", 1 << 20, 2, **kw).network
+    assert net.direct == Link(40e-6, 1 / 4e9, net.direct.gamma) and not net.fast_reads

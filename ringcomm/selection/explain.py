@@ -42,6 +42,9 @@ def main(argv=None) -> int:
     parser.add_argument("--window", default=None,
                         help="shared-window bytes per rank (default: ringcomm's window when --intra is "
                              "shm or threads and all ranks share a node, else 0: none)")
+    parser.add_argument("--fast-reads", action="store_true",
+                        help="price direct reads as on a host whose start-up probe finds them fast (what "
+                             "ringcomm.init measures and every rank agrees on; docs/selection.md)")
     parser.add_argument("--cores", type=int, default=None,
                         help="cores each node's ranks share (default: enough for all; fewer prices oversubscription)")
     args = parser.parse_args(argv)
@@ -60,7 +63,7 @@ def main(argv=None) -> int:
             raise UsageError(f"--cores must be >= 1, got {args.cores}")
         selector = Selector.from_env()
         if args.intra != "threads":   # no --cores: a core per rank; the cache is this machine's
-            selector.set_host(per_node, args.cores or per_node)
+            selector.set_host(per_node, args.cores or per_node, fast_reads=args.fast_reads)
         choice = selector.explain(args.collective, nbytes, args.ranks, dtype=args.dtype,
                                   nodes=node_map(args.ranks, per_node), routes=(args.intra, args.inter),
                                   window_bytes=window, direct=window > 0 and not args.no_direct,

@@ -179,16 +179,21 @@ class Selector:
         self._routes: dict = {}
         self.ranks_per_core = 1.0   # > 1 when the ranks of this host outnumber its cores (set_host)
         self.cache_bytes = 0        # the host's last-level cache, 0 unknown (set_host)
+        self.fast_reads = False     # every host of the job reads peers' memory fast (set_host)
         self.compiled_everywhere = True   # False when some rank runs the Python window rounds (set_job)
 
-    def set_host(self, ranks_here: int, cores: int, cache_bytes: Optional[int] = None) -> None:
+    def set_host(self, ranks_here: int, cores: int, cache_bytes: Optional[int] = None,
+                 fast_reads: bool = False) -> None:
         """The ranks of this job on this machine, the cores they share and their last-level
         cache (default: this machine's; 0 unknown): the model prices oversubscription
-        (cost.crowded) and copies from cache (Network.window_beta) from them. ``ringcomm.init``
+        (cost.crowded) and copies from cache (Network.window_beta) from them. ``fast_reads``:
+        every host's start-up probe found CMA reads cheap (agreement.py), which prices the
+        direct algorithms with the "-direct-fast" link (Tuning.direct_link). ``ringcomm.init``
         calls it; in-process thread ranks (ringcomm.testing) share one interpreter, not cores,
         and never do."""
         self.ranks_per_core = max(1.0, ranks_here / max(1, cores))
         self.cache_bytes = last_level_cache() if cache_bytes is None else max(0, int(cache_bytes))
+        self.fast_reads = bool(fast_reads)
         self._networks.clear()
         self._memo.clear()
 
@@ -222,7 +227,9 @@ class Selector:
             else:
                 intra, inter = (self.tuning.link(r, dtype) for r in routes)
             window = self.tuning.link(f"{routes[0]}-window", dtype) if window_bytes else None
-            reads = self.tuning.link(f"{routes[0]}-direct", dtype) if window_bytes and direct else None
+            reads = plain = None
+            if window_bytes and direct:
+                reads, plain = (self.tuning.direct_link(routes[0], dtype, fast) for fast in (self.fast_reads, False))
             round_ = None
             if window_bytes and compiled and f"{routes[0]}-round" in self.tuning.links and compiles(dtype):
                 round_ = self.tuning.link(f"{routes[0]}-round", dtype).with_gamma(0.0)
@@ -234,7 +241,8 @@ class Selector:
             net = self._networks[key] = Network(crowded(intra, c), crowded(inter, c), local_sizes(nodes, size),
                                                 window=crowded_window(window, c), window_bytes=window_bytes,
                                                 direct=crowded_reads(reads, c), round=crowded_round(round_, c),
-                                                crowding=c, window_cached=cached, cache_bytes=self.cache_bytes)
+                                                crowding=c, window_cached=cached, cache_bytes=self.cache_bytes,
+                                                fast_reads=reads != plain)
         return net
 
     def explain(self, collective: str, nbytes: int, size: int, *, dtype: str = "float32", nodes=None,
@@ -312,8 +320,8 @@ def describe(choice: Choice) -> str:
             lines.append(f"  compiled all-reduce round: alpha {net.round.alpha * 1e6:.2f} us per round, "
                          f"{1 / net.round.beta / 1e9:.2f} GB/s per byte written or read, reduction included")
         if net.direct is not None:
-            lines.append(f"  direct reads of peers' memory: alpha {net.direct.alpha * 1e6:.2f} us per read, "
-                         f"{1 / net.direct.beta / 1e9:.2f} GB/s")
+            lines.append(f"  direct reads of peers' memory{' (a host whose reads are fast)' if net.fast_reads else ''}: "
+                         f"alpha {net.direct.alpha * 1e6:.2f} us per read, {1 / net.direct.beta / 1e9:.2f} GB/s")
         elif net.window is not None:
             lines.append("  direct reads of peers' memory: none (direct cannot run)")
     head = f"  {'algorithm':<20}{'predicted':>14}" + (f"{'measured':>14}" if choice.measured else "")

@@ -373,7 +373,7 @@ def crossovers(sizes, seconds: dict) -> list:
 
 def _communicator() -> tuple:
     """(communicator, ranks on this host, crowded): what ringcomm.init() builds, polling and
-    pricing oversubscription as a job of this shape does, but selecting with the built-in
+    pricing oversubscription and direct reads as a job of this shape does, but selecting with the built-in
     defaults and nothing forced: an old (even corrupt) tuning file or RINGCOMM_ALGO must not
     steer the measurement. ``crowded``: on some host of the job, ranks outnumber cores."""
     from mpi4py import MPI
@@ -391,7 +391,11 @@ def _communicator() -> tuple:
     comm = Communicator(factory.build(world, topology, 120), timeout=120, selector=Selector(),
                         local_rank=topology.local_rank, local_size=topology.local_size,
                         node_count=topology.node_count, topology=topology)
-    comm.selector.set_host(ranks_here, polling.cores())
+    # The hosts' read probe, agreed as init agrees it (agreement.py), without its tuning file.
+    from ..agreement import host_read_cost
+    from ..transport.shm.cma import READ_FAST
+    fast = world.allreduce(0 < host_read_cost("ringcomm", ranks_here) <= READ_FAST, op=MPI.LAND)
+    comm.selector.set_host(ranks_here, polling.cores(), fast_reads=fast)
     return comm, ranks_here, crowded
 
 
@@ -441,12 +445,13 @@ def main(argv=None) -> int:
     if args.quick:
         sizes = sizes[::3]
     comm, ranks_here, crowded = _communicator()
+    fast = comm.selector.fast_reads
     topo = comm.topology
     if comm.size < 2:
         raise SystemExit("ringcomm.tune needs at least 2 ranks: mpirun -n 2 python -m ringcomm.tune")
     if args.check:
         comm.selector = Selector.from_env()
-        comm.selector.set_host(ranks_here, cores())   # auto picks what a job of this shape picks
+        comm.selector.set_host(ranks_here, cores(), fast_reads=fast)   # auto picks what a job of this shape picks
         check(comm, sizes, args.rounds, 0.01 if args.quick else 0.03)
         comm.barrier()
         comm.close()
@@ -540,7 +545,7 @@ def main(argv=None) -> int:
             print(f"{route:8s} alpha {a * 1e6:8.2f} us   beta {1 / b / 1e9:6.2f} GB/s")
         print("gamma    " + "  ".join(f"{k} {1 / v / 1e9:.2f} GB/s" for k, v in gammas.items()))
         model = Selector(tuning=Tuning(links, gammas))
-        model.set_host(ranks_here, cores())   # the model as a job of this shape prices it
+        model.set_host(ranks_here, cores(), fast_reads=fast)   # the model as a job of this shape prices it
         window = comm.transport.window
         net = model.network(comm.size, topo.node_of, "float32", (intra_route, inter_route),
                             0 if window is None else window.capacity, window is not None and window.reader is not None,

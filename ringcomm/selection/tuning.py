@@ -55,6 +55,17 @@ DEFAULT_LINKS = {
     # what a direct call costs beyond its rounds (a 64 KiB direct all_reduce took 100 us against
     # one_shot's 36). Between threads a memmove.
     "shm-direct": (30e-6, 1 / 8.5e9),
+    # The same reads on a host whose start-up probe finds them fast (cma.read_cost at most
+    # cma.READ_FAST memcpys; the job agrees on it, agreement.py): an Intel Xeon host of this VM,
+    # where a 1 MiB read costs 1.4-2.1 memcpys against the EPYC's 3.8, and where forced direct
+    # beat one_shot from 1 MiB in seven collectives (2026-12-04 17:00 UTC, `mpirun -n 2 python
+    # benchmarks/allreduce_perf.py -b 256K -e 64M -f 4 --algorithm auto,all`: broadcast 1 MiB 40
+    # us against 74, all_reduce 114 against 158, all_gather 71 against 102). The values are the
+    # ones that choose the faster of the two at every size measured but all_to_all's 1 MiB; they
+    # under-price direct's time beyond the cache (16 MiB: 0.5-0.7x measured), where it is the
+    # fastest anyway. Used only while "shm-direct" is the built-in guess above: a tuning file's
+    # measured link is this host's own answer (Tuning.direct_link).
+    "shm-direct-fast": (15e-6, 1 / 16e9),
     "threads-direct": (2e-6, 1 / 4.0e9),
 }
 DEFAULT_GAMMAS = {
@@ -121,6 +132,15 @@ class Tuning:
         alpha, beta, *call = self.links.get(transport) or self.links.get("mpi") or DEFAULT_LINKS["mpi"]
         gamma = self.gammas.get(dtype, self.gammas.get("float32", DEFAULT_LINK.gamma))
         return Link(alpha, beta, gamma, call[0] if call else 0.0)
+
+    def direct_link(self, route: str, dtype: str = "float32", fast_reads: bool = False) -> Link:
+        """The direct algorithms' link over ``route``: its "-direct-fast" variant where the job's
+        hosts read fast and "<route>-direct" is still the built-in guess, else "<route>-direct"."""
+        name = f"{route}-direct"
+        fast = f"{name}-fast"
+        if fast_reads and fast in self.links and self.links.get(name) == DEFAULT_LINKS.get(name):
+            return self.link(fast, dtype)
+        return self.link(name, dtype)
 
     def measured_times(self, collective: str, nbytes: int, local_sizes: tuple, routes: tuple,
                        dtype: str = "float32") -> dict:
