@@ -413,7 +413,7 @@ class Communicator(PointToPoint, SubCommunicators):
         collective, name = call.collective, call.name
         nodes = None if self.topology is None else self.topology.node_of
         host = call.device == "cpu"
-        nbytes = collective.nbytes(call)
+        nbytes = collective.nbytes(call, self.size)
         chosen = forced or self.selector.choose(name, nbytes, self.size, dtype=call.dtype.name if call.dtype else "uint8",
                                                 nodes=nodes, transport=self.transport, window=host,
                                                 uneven=collective.is_uneven(call))

@@ -230,7 +230,7 @@ def fast_road(comm, call, plan) -> Optional[int]:
         return None
     if call.op is ReduceOp.AVG and call.dtype.name in ("float16", "bfloat16"):
         return None   # scaled before the sum (ops.prescale_factor): the ordinary road does it
-    if comm._preflight_on or comm._logging() or comm.size < 2 or call.collective.nbytes(call) > FAST_LIMIT:
+    if comm._preflight_on or comm._logging() or comm.size < 2 or call.collective.nbytes(call, comm.size) > FAST_LIMIT:
         return None
     held = sum(b.flat.nbytes for b in (call.inp, call.out) if b is not None)
     return held if held <= FAST_BYTES else None

@@ -76,3 +76,18 @@ def test_one_shot_gather_and_scatter_of_blocks_larger_than_a_round(compiled_on, 
             expected = np.concatenate([np.arange(count, dtype=np.float64) + 1e6 * r for r in range(size)])
             assert out.tobytes() == expected.tobytes()
         assert mine.tobytes() == (np.arange(count * rank, count * (rank + 1), dtype=np.float64) * 3).tobytes()
+
+
+def test_gather_and_scatter_are_priced_on_the_gathered_size_their_algorithms_costs_are_written_in():
+    # Every gather/scatter algorithm's cost takes S, the whole gathered vector; priced on one
+    # rank's block, the selector moved each crossover n times the size away.
+    import numpy as np
+    from ringcomm.testing import run_threads
+
+    def job(comm):
+        block = np.ones(1000, np.float32)
+        gathered = np.empty(comm.size * 1000, np.float32) if comm.rank == 0 else None
+        calls = (collectives.GATHER.prepare(comm, gathered, block, 0),
+                 collectives.SCATTER.prepare(comm, block, gathered if comm.rank == 0 else None, 0))
+        return [c.collective.nbytes(c, comm.size) for c in calls]
+    assert run_threads(4, job) == [[16000, 16000]] * 4

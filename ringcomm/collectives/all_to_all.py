@@ -56,10 +56,10 @@ class AllToAll(Collective):
         # (each knows only its own row of the split matrix), so every rank picks the same algorithm.
         return call.uneven
 
-    def nbytes(self, call):
+    def nbytes(self, call, size):
         # The selector must pick the same algorithm on every rank, but the ranks of an uneven call
         # agree on no size (each knows its own row of the split matrix): it is priced as empty.
-        return 0 if call.uneven else super().nbytes(call)
+        return 0 if call.uneven else super().nbytes(call, size)
 
     def window_word(self, call):
         # Each rank's splits are its own row of the split matrix and differ by design; a direct

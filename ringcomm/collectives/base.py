@@ -83,8 +83,9 @@ class Collective:
         """nccl-tests' busbw = algbw x this, comparable across sizes and to the link's peak."""
         raise NotImplementedError
 
-    def nbytes(self, call: Call) -> int:
-        """Bytes of the collective's vector: what the selector prices and benchmarks divide by."""
+    def nbytes(self, call: Call, size: int) -> int:
+        """Bytes of the collective's vector on ``size`` ranks: what the selector prices (the size
+        its algorithms' costs are written in) and benchmarks divide by."""
         return call.count * (call.dtype.itemsize if call.dtype else 1)
 
     def envelope_count(self, call: Call) -> int:

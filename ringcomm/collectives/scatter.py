@@ -21,6 +21,11 @@ class Scatter(Collective):
     def bus_factor(self, size):
         return (size - 1) / size if size > 1 else 0.0
 
+    def nbytes(self, call, size):
+        # The scattered size (a rank's block times the ranks), which every scatter algorithm's
+        # cost is written in; priced on a block, each ran its crossovers at n times the size.
+        return super().nbytes(call, size) * size
+
     def prepare(self, comm, out, x, root=0) -> Call:
         ob = buffer(out, self.name, "out")
         root = root_of(self.name, root, comm.size)
