@@ -5,7 +5,7 @@ and 16 bytes past it (numpy's large arrays start 16 bytes into a page, the stagi
 messages at a page): numpy's copy (glibc memcpy), ringcomm's copy (core/_copy.h), a CMA read of
 this process's own memory (process_vm_readv, the kernel's copy) and ringcomm's CMA read
 (cma.PeerMemory.pull, which goes through a buffer at the source's page offset where the distance
-is slow). Microseconds per copy, the median of ``--rounds`` means of ``-n`` copies.
+is slow and this host's kernel copies such distances slowly: ``cma.distance_cost``, printed). Microseconds per copy, the median of ``--rounds`` means of ``-n`` copies.
 
     python benchmarks/copy_distance.py [--sizes 16K,256K,1M,4M,16M] [-n 200] [--rounds 5] [--distance 16]
 """
@@ -50,8 +50,13 @@ def main(argv=None) -> None:
     parser.add_argument("--distance", type=int, default=16, help="bytes the destination lies past the source")
     args = parser.parse_args(argv)
     copy = copying.copier()
-    memory = cma.PeerMemory(0, [0, 1], [os.getpid(), os.getpid()], copy)
     cma_ok = cma.blocked() is None
+    bounce = not cma_ok or cma.slow_distances()   # what the shm transport decides (transport.py)
+    memory = cma.PeerMemory(0, [0, 1], [os.getpid(), os.getpid()], copy, bounce=bounce)
+    if cma_ok:
+        print(f"# this host's CMA read 16 bytes off a page offset / at it: {cma.distance_cost():.2f} "
+              f"(> {cma.DISTANCE_SLOW}: slow, ringcomm reads through a buffer there): "
+              f"{'through a buffer' if bounce else 'straight'}")
     print(f"# {'size':>9} {'distance':>8} {'numpy copy':>11} {'ringcomm copy':>14} {'CMA read':>9} {'ringcomm CMA':>13}"
           f"   (us; compiled copy {'built' if copying.copy_bytes is not None else 'NOT built'})")
     for nbytes in [parse_size(t) for t in args.sizes.split(",")]:

@@ -136,3 +136,30 @@ def test_cma_reductions_read_each_chunk_at_its_page_offset():
     memory.reduce(1, x.ctypes.data + 4, acc[:-1], add)
     assert np.array_equal(acc[:-1], 1 + x[1:]) and acc[-1] == 1
     assert len(seen) == 2 and all((local - remote) % 4096 == 0 for local, remote, _ in seen)
+
+
+def test_where_the_host_copies_slow_distances_at_full_speed_reads_and_writes_go_straight():
+    # The detour through a buffer at the remote page offset costs a second copy: only where the
+    # kernel's copy is slow at such distances is it worth it (cma.distance_cost, per process).
+    if cma_denied():
+        pytest.skip(cma_denied())
+    memory, seen = own_memory(copying.copier())
+    memory.bounce = False
+    dst, src = pair(3 * cma.CHUNK + 12345, 16)
+    memory.pull(1, src.ctypes.data, dst)
+    assert np.array_equal(dst, src) and len(seen) == 1 and (seen[0][0] - seen[0][1]) % 4096 == 16
+    seen.clear()
+    remote, local = pair(3 * cma.CHUNK + 12345, 17)
+    memory.push(1, remote.ctypes.data, local)
+    assert np.array_equal(remote, local) and len(seen) == 1
+
+
+def test_the_distance_probe_is_a_finite_ratio_and_decides_the_detour(monkeypatch):
+    if cma_denied():
+        pytest.skip(cma_denied())
+    cost = cma.distance_cost.__wrapped__(64 << 10)
+    assert 0 < cost < 100, cost
+    monkeypatch.setattr(cma, "distance_cost", lambda: cma.DISTANCE_SLOW * 2)
+    assert cma.slow_distances()
+    monkeypatch.setattr(cma, "distance_cost", lambda: 1.0)
+    assert not cma.slow_distances()

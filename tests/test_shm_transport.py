@@ -300,3 +300,13 @@ def test_a_send_read_out_of_the_callers_array_times_out_saying_it_waits_for_its_
     out = run_mpi(2, "send_before_recv.py", env=env, timeout=60).stdout
     # Found in the whole output, not line by line: two ranks' prints may share a line.
     assert sorted(re.findall(r"rank (\d): timed out in [\d.]+ s, saying why", out)) == ["0", "1"], out
+
+
+def test_reads_take_the_detour_past_slow_distances_only_where_the_host_needs_it():
+    """cma.distance_cost decides per process; without CMA nothing is read in place anyway."""
+    from ringcomm.transport.shm import cma
+    proc = run_mpi(2, "show_cma_floor.py", timeout=60)
+    expected = str(cma.slow_distances()) if cma.blocked() is None else "True"
+    assert re.findall(r"\bbounce=(\w+)", proc.stdout) == [expected] * 2, proc.stdout
+    proc = run_mpi(2, "show_cma_floor.py", env={"RINGCOMM_SHM_CMA": "0"}, timeout=60)
+    assert re.findall(r"\bbounce=(\w+)", proc.stdout) == ["True"] * 2, proc.stdout

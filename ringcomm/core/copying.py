@@ -13,7 +13,9 @@ Two remedies, one per kind of copy:
   glibc's threshold for ``rep movsb``) where the distance is slow and is memcpy elsewhere;
 - a CMA read or write, whose copy is the kernel's: the side this rank owns is a scratch buffer
   placed at the other side's page offset (``like``), or where it is the caller's own array at a
-  slow distance, the bytes go through such a scratch buffer and ``copy`` (cma.py).
+  slow distance, the bytes go through such a scratch buffer and ``copy`` (cma.py), on hosts
+  whose kernel copies such distances slowly (``cma.distance_cost``: the Intel Xeon hosts this VM
+  also lands on do not, and there the detour's second copy only cost time).
 
 Without the compiled piece (no compiler at install, RINGCOMM_COMPILED=0) ``copy`` is numpy's
 assignment: same bytes, the slow speed where the distance is slow.

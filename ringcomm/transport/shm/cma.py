@@ -145,6 +145,45 @@ def read_cost(nbytes: int = 1 << 20) -> float:
     return min(ratios)
 
 
+# Reads whose two sides lie a few bytes apart modulo a page go through a buffer at the remote
+# side's page offset (PeerMemory) where this host's kernel copies them slowly: 2-5x on the AMD
+# EPYC this VM lands on. On its Intel Xeon hosts they cost the same as aligned ones, and the
+# detour's second copy made a 16 MiB send 1.7-2.1x slower (benchmarks/copy_distance.py:
+# 1 MiB 147 us against 70 read straight; docs/transports.md). So each process measures it.
+DISTANCE_SLOW = 1.5   # between the Xeon's 1.1 and the EPYC's 2-5, on a log scale
+
+
+@functools.lru_cache(maxsize=1)   # once per process, as read_cost
+def distance_cost(nbytes: int = 256 << 10) -> float:
+    """A process_vm_readv of ``nbytes`` of this process's own memory into a buffer 16 bytes past
+    the source's page offset (numpy's large arrays start 16 bytes into a page), over one at the
+    same offset: the lowest of three ratios, each of the best of five reads (about 1 ms in all).
+    inf where the read fails (the detour is kept)."""
+    src = np.ones(nbytes + copying.PAGE, np.uint8)
+    dst = np.zeros(nbytes + 2 * copying.PAGE, np.uint8)
+    pid, src_addr = os.getpid(), address(src)
+    aligned = copying.like(dst, src_addr, nbytes)
+    start = address(aligned) - address(dst) + 16
+    apart = dst[start:start + nbytes]
+
+    def best(local) -> float:
+        times = []
+        for _ in range(6):   # the first warms the caches and the page tables
+            t0 = time.perf_counter()
+            read_process(pid, src_addr, address(local), nbytes)
+            times.append(time.perf_counter() - t0)
+        return min(times[1:])
+    try:
+        return min(best(apart) / max(best(aligned), 1e-9) for _ in range(3))
+    except OSError:
+        return math.inf
+
+
+def slow_distances() -> bool:
+    """Whether this host's kernel copies slowly between buffers a few bytes apart modulo a page."""
+    return distance_cost() > DISTANCE_SLOW
+
+
 def blocked() -> Optional[str]:
     """Why this rank must not even try CMA; None if it may."""
     if not env.get("RINGCOMM_SHM_CMA"):
@@ -165,18 +204,21 @@ class PeerMemory:
     """Reads (and writes) peers' memory for one transport; errors name the peer's rank, pid,
     address, size.
 
-    The kernel copies with ``rep movsb``, 2-5x slower where the two sides lie 1 to 31 bytes apart
-    modulo a page (core/copying.py), so a transfer between two such addresses goes in CHUNK
-    pieces through a buffer of this thread's placed at the remote side's page offset, and the
-    local copy is core/_copy.h's, which avoids the slow distance."""
+    The kernel copies with ``rep movsb``, 2-5x slower on some CPUs where the two sides lie 1 to
+    31 bytes apart modulo a page (core/copying.py), so where ``bounce`` (``slow_distances()``, or
+    as given) a transfer between two such addresses goes in CHUNK pieces through a buffer of this
+    thread's placed at the remote side's page offset, and the local copy is core/_copy.h's, which
+    avoids the slow distance."""
 
-    def __init__(self, rank: int, ranks: list, pids: list, copy=copying.numpy_copy):
+    def __init__(self, rank: int, ranks: list, pids: list, copy=copying.numpy_copy, bounce: bool = True):
         self.rank, self.ranks, self.pids, self._copy = rank, ranks, pids, copy
+        self.bounce = bounce
         self._local = threading.local()   # each thread's chunk buffer, reused: it stays in cache
 
     def pull(self, p: int, addr: int, dst: np.ndarray) -> None:
         """Copy ``dst.nbytes`` bytes at ``addr`` of node rank ``p``'s memory into ``dst``."""
-        if dst.nbytes > copying.PIECE and dst.flags.c_contiguous and copying.slow_distance(address(dst), addr):
+        if self.bounce and dst.nbytes > copying.PIECE and dst.flags.c_contiguous \
+                and copying.slow_distance(address(dst), addr):
             flat = dst.reshape(-1).view(np.uint8)
             for i in range(0, flat.size, CHUNK):
                 part = flat[i:i + CHUNK]
@@ -188,7 +230,8 @@ class PeerMemory:
 
     def push(self, p: int, addr: int, src: np.ndarray) -> None:
         """Copy ``src`` (contiguous) to ``addr`` of node rank ``p``'s memory."""
-        if src.nbytes > copying.PIECE and src.flags.c_contiguous and copying.slow_distance(addr, address(src)):
+        if self.bounce and src.nbytes > copying.PIECE and src.flags.c_contiguous \
+                and copying.slow_distance(addr, address(src)):
             flat = src.reshape(-1).view(np.uint8)
             for i in range(0, flat.size, CHUNK):
                 part = flat[i:i + CHUNK]

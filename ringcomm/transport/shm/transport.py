@@ -172,6 +172,7 @@ class ShmTransport(Messages, Transport):
         self._direct = why is None
         self.cma_min_bytes = cma.min_bytes()
         self.cma_p2p_min_bytes = cma.p2p_min_bytes(probe=self._direct)
+        self._memory.bounce = not self._direct or cma.slow_distances()
         # Pipes where this node cannot use CMA (containers often forbid it): where it can, one CMA
         # copy beats the pipe's two from 16 MiB on and ties it at 4 MiB (docs/transports.md).
         # They need the compiled piece, and a host pool whose share holds a ring (not cuda_ipc's).
