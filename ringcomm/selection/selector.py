@@ -320,8 +320,9 @@ def describe(choice: Choice) -> str:
             lines.append(f"  compiled all-reduce round: alpha {net.round.alpha * 1e6:.2f} us per round, "
                          f"{1 / net.round.beta / 1e9:.2f} GB/s per byte written or read, reduction included")
         if net.direct is not None:
-            lines.append(f"  direct reads of peers' memory{' (a host whose reads are fast)' if net.fast_reads else ''}: "
-                         f"alpha {net.direct.alpha * 1e6:.2f} us per read, {1 / net.direct.beta / 1e9:.2f} GB/s")
+            host = " (a host whose reads are fast)" if net.fast_reads else ""
+            lines.append(f"  direct reads of peers' memory{host}: alpha {net.direct.alpha * 1e6:.2f} us per read, "
+                         f"{1 / net.direct.beta / 1e9:.2f} GB/s")
         elif net.window is not None:
             lines.append("  direct reads of peers' memory: none (direct cannot run)")
     head = f"  {'algorithm':<20}{'predicted':>14}" + (f"{'measured':>14}" if choice.measured else "")

@@ -373,9 +373,9 @@ def crossovers(sizes, seconds: dict) -> list:
 
 def _communicator() -> tuple:
     """(communicator, ranks on this host, crowded): what ringcomm.init() builds, polling and
-    pricing oversubscription and direct reads as a job of this shape does, but selecting with the built-in
-    defaults and nothing forced: an old (even corrupt) tuning file or RINGCOMM_ALGO must not
-    steer the measurement. ``crowded``: on some host of the job, ranks outnumber cores."""
+    pricing oversubscription and direct reads as a job of this shape does, but selecting with
+    the built-in defaults and nothing forced: an old (even corrupt) tuning file or RINGCOMM_ALGO
+    must not steer the measurement. ``crowded``: on some host of the job, ranks outnumber cores."""
     from mpi4py import MPI
 
     from ..communicator import Communicator
