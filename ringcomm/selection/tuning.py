@@ -58,7 +58,7 @@ DEFAULT_LINKS = {
     # The same reads on a host whose start-up probe finds them fast (cma.read_cost at most
     # cma.READ_FAST memcpys; the job agrees on it, agreement.py): an Intel Xeon host of this VM,
     # where a 1 MiB read costs 1.4-2.1 memcpys against the EPYC's 3.8, and where forced direct
-    # beat one_shot from 1 MiB in seven collectives (2026-12-04 17:00 UTC, `mpirun -n 2 python
+    # beat one_shot from 1 MiB in six collectives (2026-12-04 15:55-16:04 UTC, `mpirun -n 2 python
     # benchmarks/allreduce_perf.py -b 256K -e 64M -f 4 --algorithm auto,all`: broadcast 1 MiB 40
     # us against 74, all_reduce 114 against 158, all_gather 71 against 102). The values are the
     # ones that choose the faster of the two at every size measured but all_to_all's 1 MiB; they
