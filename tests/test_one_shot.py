@@ -211,8 +211,11 @@ def test_a_rank_that_never_comes_is_named_by_every_waiting_rank_within_the_timeo
         if comm.rank != 2:
             calls[collective](comm)
     out = outcomes(3, fn, timeout=0.5)
+    # Each waiting rank times out naming rank 2, or, where a peer timed out a moment earlier, is
+    # released by that peer's notice, which names rank 2 too (seen once in CI on 2 cores).
+    assert any(isinstance(out[rank], CommTimeoutError) for rank in (0, 1)), out
     for rank in (0, 1):
-        assert isinstance(out[rank], CommTimeoutError), out
+        assert isinstance(out[rank], (CommTimeoutError, PeerAbortedError)), out
         assert f"{collective} #0 (one_shot" in str(out[rank]) and "rank 2" in str(out[rank]), out[rank]
 
 
