@@ -163,11 +163,11 @@ class Agreed:
 
 
 def agreed(gathered: list) -> Agreed:
-    from .transport.shm.cma import READ_FAST
+    from .transport.shm.cma import reads_fast
     crowded = max(gathered, key=lambda s: (s.ranks_here / max(1, s.cores), s.ranks_here))
     # The slowest reader decides: one fast rank's probe must not price every node's reads.
     return Agreed(crowded.ranks_here, crowded.cores, min(s.cache for s in gathered),
-                  all(s.compiled for s in gathered), all(0 < s.read_cost <= READ_FAST for s in gathered))
+                  all(s.compiled for s in gathered), all(reads_fast(s.read_cost) for s in gathered))
 
 
 def _grouped(values: dict) -> dict:

@@ -9,14 +9,14 @@ change, only after every rank has posted the round that says its reads are done.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
 from ..core import copying
 from ..core.buffers import address
 from ..selection.cost import Network
-from ._rounds import sync
+from ._rounds import settle
 
 ADDRESS = np.dtype(np.int64)
 CHUNK_BYTES = 512 << 10   # read and reduced a chunk at a time, so the chunk is still in cache
@@ -28,11 +28,16 @@ def exchange(window, stamp: int, word: int, trouble, arrays: tuple, rounds: int)
     return exchange_words(window, stamp, word, trouble, [address(a) for a in arrays], rounds)
 
 
-def exchange_words(window, stamp: int, word: int, trouble, words, rounds: int) -> list:
+def exchange_words(window, stamp: int, word: int, trouble, words, rounds: int,
+                   meanwhile: Optional[Callable[[], None]] = None) -> list:
     """Round 1 of ``rounds``: post ``words`` (int64s: addresses, offsets, lengths) and return
-    every rank's, in rank order (a tuple of ints per rank), once every rank has posted them."""
+    every rank's, in rank order (a tuple of ints per rank), once every rank has posted them.
+    ``meanwhile``: work that needs no peer, done between posting and waiting for the peers."""
     window.next_slot(ADDRESS, len(words))[...] = words
-    k = sync(window, stamp, word, trouble, 0, rounds)
+    k = window.publish(stamp, word)
+    if meanwhile is not None:
+        meanwhile()
+    settle(window, k, stamp, word, trouble, 0, rounds)
     return [tuple(v.tolist()) for v in window.views(k, ADDRESS, len(words))]
 
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 from ..core.buffers import address
 from ..errors import MismatchError
 from ..selection.cost import Network
-from ._direct import ADDRESS, reads
-from ._rounds import settle, sync
+from ._direct import exchange_words, reads
+from ._rounds import sync
 from .base import WindowAlgorithm
 from .pairwise_all_to_all import offsets
 
@@ -40,13 +40,11 @@ class DirectAllToAll(WindowAlgorithm):
             raise MismatchError(f"all_to_all on rank {me}: this rank's block to itself has {sends[me]} "
                                 f"elements in x and {recvs[me]} in out")
         table = [address(src)] + [v for pair in zip(soff, sends) for v in pair]
-        window.next_slot(ADDRESS, len(table))[...] = table
-        k = window.publish(stamp, word)
-        # The own block needs no peer: copied while they post their addresses, not after (a
-        # 1 MiB call on 2 ranks spent 9 us waiting there, and 21 copying).
-        dst[roff[me]:roff[me] + recvs[me]] = src[soff[me]:soff[me] + sends[me]]
-        settle(window, k, stamp, word, trouble, 0, 2)
-        slots = [tuple(v.tolist()) for v in window.views(k, ADDRESS, len(table))]
+
+        def own_block():   # needs no peer: copied while they post their addresses, not after
+            # (a 1 MiB call on 2 ranks spent 9 us waiting there, and 21 copying)
+            dst[roff[me]:roff[me] + recvs[me]] = src[soff[me]:soff[me] + sends[me]]
+        slots = exchange_words(window, stamp, word, trouble, table, 2, meanwhile=own_block)
         for j in range(n):
             theirs = slots[j][2 + 2 * me]
             if theirs != recvs[j]:

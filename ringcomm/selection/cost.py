@@ -54,7 +54,7 @@ class Network:
     crowding: float = 1.0           # ranks per core on the busiest host (> 1: oversubscribed); see crowded()
     window_cached: Optional[Link] = None   # the window while the collective's buffers fit the cache
     cache_bytes: int = 0                   # the node's last-level cache (0: unknown); see window_beta()
-    fast_reads: bool = False               # ``direct`` is the fast-read hosts' link (Tuning.direct_link)
+    fast_reads: bool = False               # ``direct`` is the fast-read hosts' link (Tuning.direct_name)
 
     @property
     def size(self) -> int:

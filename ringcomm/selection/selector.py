@@ -188,7 +188,7 @@ class Selector:
         cache (default: this machine's; 0 unknown): the model prices oversubscription
         (cost.crowded) and copies from cache (Network.window_beta) from them. ``fast_reads``:
         every host's start-up probe found CMA reads cheap (agreement.py), which prices the
-        direct algorithms with the "-direct-fast" link (Tuning.direct_link). ``ringcomm.init``
+        direct algorithms with the "-direct-fast" link (Tuning.direct_name). ``ringcomm.init``
         calls it; in-process thread ranks (ringcomm.testing) share one interpreter, not cores,
         and never do."""
         self.ranks_per_core = max(1.0, ranks_here / max(1, cores))
@@ -227,9 +227,8 @@ class Selector:
             else:
                 intra, inter = (self.tuning.link(r, dtype) for r in routes)
             window = self.tuning.link(f"{routes[0]}-window", dtype) if window_bytes else None
-            reads = plain = None
-            if window_bytes and direct:
-                reads, plain = (self.tuning.direct_link(routes[0], dtype, fast) for fast in (self.fast_reads, False))
+            reads_name = self.tuning.direct_name(routes[0], self.fast_reads) if window_bytes and direct else None
+            reads = None if reads_name is None else self.tuning.link(reads_name, dtype)
             round_ = None
             if window_bytes and compiled and f"{routes[0]}-round" in self.tuning.links and compiles(dtype):
                 round_ = self.tuning.link(f"{routes[0]}-round", dtype).with_gamma(0.0)
@@ -242,7 +241,7 @@ class Selector:
                                                 window=crowded_window(window, c), window_bytes=window_bytes,
                                                 direct=crowded_reads(reads, c), round=crowded_round(round_, c),
                                                 crowding=c, window_cached=cached, cache_bytes=self.cache_bytes,
-                                                fast_reads=reads != plain)
+                                                fast_reads=reads_name is not None and reads_name.endswith("-fast"))
         return net
 
     def explain(self, collective: str, nbytes: int, size: int, *, dtype: str = "float32", nodes=None,

@@ -393,8 +393,8 @@ def _communicator() -> tuple:
                         node_count=topology.node_count, topology=topology)
     # The hosts' read probe, agreed as init agrees it (agreement.py), without its tuning file.
     from ..agreement import host_read_cost
-    from ..transport.shm.cma import READ_FAST
-    fast = world.allreduce(0 < host_read_cost("ringcomm", ranks_here) <= READ_FAST, op=MPI.LAND)
+    from ..transport.shm.cma import reads_fast
+    fast = world.allreduce(reads_fast(host_read_cost("ringcomm", ranks_here)), op=MPI.LAND)
     comm.selector.set_host(ranks_here, polling.cores(), fast_reads=fast)
     return comm, ranks_here, crowded
 

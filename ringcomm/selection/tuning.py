@@ -64,7 +64,7 @@ DEFAULT_LINKS = {
     # ones that choose the faster of the two at every size measured but all_to_all's 1 MiB; they
     # under-price direct's time beyond the cache (16 MiB: 0.5-0.7x measured), where it is the
     # fastest anyway. Used only while "shm-direct" is the built-in guess above: a tuning file's
-    # measured link is this host's own answer (Tuning.direct_link).
+    # measured link is this host's own answer (Tuning.direct_name).
     "shm-direct-fast": (15e-6, 1 / 16e9),
     "threads-direct": (2e-6, 1 / 4.0e9),
 }
@@ -133,14 +133,15 @@ class Tuning:
         gamma = self.gammas.get(dtype, self.gammas.get("float32", DEFAULT_LINK.gamma))
         return Link(alpha, beta, gamma, call[0] if call else 0.0)
 
-    def direct_link(self, route: str, dtype: str = "float32", fast_reads: bool = False) -> Link:
-        """The direct algorithms' link over ``route``: its "-direct-fast" variant where the job's
-        hosts read fast and "<route>-direct" is still the built-in guess, else "<route>-direct"."""
+    def direct_name(self, route: str, fast_reads: bool = False) -> str:
+        """The name of the direct algorithms' link over ``route``: "<route>-direct-fast" where the
+        job's hosts read fast and "<route>-direct" is still the built-in guess, else
+        "<route>-direct"."""
         name = f"{route}-direct"
         fast = f"{name}-fast"
         if fast_reads and fast in self.links and self.links.get(name) == DEFAULT_LINKS.get(name):
-            return self.link(fast, dtype)
-        return self.link(name, dtype)
+            return fast
+        return name
 
     def measured_times(self, collective: str, nbytes: int, local_sizes: tuple, routes: tuple,
                        dtype: str = "float32") -> dict:

@@ -115,7 +115,23 @@ def p2p_min_bytes(probe: bool = False) -> int:
     value = env.get("RINGCOMM_SHM_CMA_P2P_MIN")
     if value is not None:
         return value
-    return FAST_P2P_MIN_BYTES if probe and read_cost() <= READ_FAST else P2P_MIN_BYTES
+    return FAST_P2P_MIN_BYTES if probe and reads_fast(read_cost()) else P2P_MIN_BYTES
+
+
+def reads_fast(cost: float) -> bool:
+    """Whether a read cost (``read_cost``; 0 where not measured) makes a host's reads fast."""
+    return 0 < cost <= READ_FAST
+
+
+def _fastest(fn) -> float:
+    """Seconds of the fastest of five calls of ``fn``, after one that warms the caches and the
+    page tables (the start-up probes below)."""
+    times = []
+    for _ in range(6):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times[1:])
 
 
 @functools.lru_cache(maxsize=1)   # once per process: its CPU and kernel do not change
@@ -127,21 +143,13 @@ def read_cost(nbytes: int = 1 << 20) -> float:
     read fails."""
     src, dst = np.ones(nbytes, np.uint8), np.zeros(nbytes, np.uint8)
     pid, src_addr, dst_addr = os.getpid(), address(src), address(dst)
-
-    def best(fn) -> float:
-        times = []
-        for _ in range(6):   # the first warms the caches and the page tables
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        return min(times[1:])
     ratios = []
     for _ in range(3):
         try:
-            read = best(lambda: read_process(pid, src_addr, dst_addr, nbytes))
+            read = _fastest(lambda: read_process(pid, src_addr, dst_addr, nbytes))
         except OSError:
             return math.inf
-        ratios.append(read / max(best(lambda: copying.numpy_copy(dst, src)), 1e-9))
+        ratios.append(read / max(_fastest(lambda: copying.numpy_copy(dst, src)), 1e-9))
     return min(ratios)
 
 
@@ -167,12 +175,7 @@ def distance_cost(nbytes: int = 256 << 10) -> float:
     apart = dst[start:start + nbytes]
 
     def best(local) -> float:
-        times = []
-        for _ in range(6):   # the first warms the caches and the page tables
-            t0 = time.perf_counter()
-            read_process(pid, src_addr, address(local), nbytes)
-            times.append(time.perf_counter() - t0)
-        return min(times[1:])
+        return _fastest(lambda: read_process(pid, src_addr, address(local), nbytes))
     try:
         return min(best(apart) / max(best(aligned), 1e-9) for _ in range(3))
     except OSError:
