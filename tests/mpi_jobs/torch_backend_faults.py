@@ -6,7 +6,6 @@ because a failed collective leaves its communicator unusable by design. A case p
 
     mpirun -n 2 python torch_backend_faults.py
 """
-import os
 import time
 from datetime import timedelta
 
@@ -16,6 +15,7 @@ import torch.distributed as dist
 import ringcomm
 from ringcomm.integrations.torch_backend import init_process_group
 from ringcomm.integrations.torch_work import ABORT_GRACE
+from job_exit import exit_now
 
 TIMEOUT = 3.0
 
@@ -145,4 +145,4 @@ group_timeout()
 wait_timeout()
 lifecycle()
 print(f"rank {ringcomm.init(timeout=TIMEOUT).rank} done", flush=True)
-os._exit(0)   # see ddp_torch_backend.py: torch's gloo/TCPStore teardown is not what is tested
+exit_now()   # see job_exit.py: torch's gloo/TCPStore teardown is not what is tested

@@ -14,7 +14,6 @@ callbacks), so the many-bucket PowerSGD run is ringcomm's alone and checked acro
     mpirun -n 2 python torch_comm_hooks.py
 """
 import copy
-import os
 import time
 import traceback
 
@@ -26,6 +25,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 
 from ringcomm.integrations.torch_backend import init_process_group
+from job_exit import exit_now
 
 comm = init_process_group(timeout=30)
 R, N = dist.get_rank(), dist.get_world_size()
@@ -153,4 +153,4 @@ print("check batched_powersgd ok (fails in torch's _orthogonalize at step 2, as 
 dist.barrier()   # batched PowerSGD fails before step 2 communicates: no rank leaves early
 dist.destroy_process_group()
 print(f"rank {R} done", flush=True)
-os._exit(0)   # see ddp_torch_backend.py: torch's gloo/TCPStore teardown is not what is tested
+exit_now()   # see job_exit.py: torch's gloo/TCPStore teardown is not what is tested

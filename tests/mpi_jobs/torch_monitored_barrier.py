@@ -7,7 +7,6 @@ collectives and barriers keep the ranks in step between cases. A case prints
 
     mpirun -n 3 python torch_monitored_barrier.py
 """
-import os
 import time
 from datetime import timedelta
 
@@ -15,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 import ringcomm  # noqa: F401  - registers the backend
+from job_exit import exit_now
 
 dist.init_process_group("ringcomm", timeout=timedelta(seconds=20))
 R, N = dist.get_rank(), dist.get_world_size()
@@ -102,5 +102,4 @@ wait_all_ranks()
 torch_refuses_by_name()
 dist.destroy_process_group()
 print(f"rank {R} done", flush=True)
-# See ddp_torch_backend.py: torch's gloo/TCPStore teardown is not what is tested.
-os._exit(0)
+exit_now()   # see job_exit.py: torch's gloo/TCPStore teardown is not what is tested
