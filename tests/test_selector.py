@@ -397,10 +397,15 @@ def test_hosts_whose_reads_are_fast_price_direct_reads_with_their_own_link_unles
     fast, slow = Selector(), Selector()
     fast.set_host(2, 2, cache_bytes=480 << 20, fast_reads=True)
     slow.set_host(2, 2, cache_bytes=480 << 20)
-    for collective in ("broadcast", "all_reduce", "all_gather", "gather", "scatter"):
+    for collective in ("broadcast", "all_reduce", "all_gather", "gather", "scatter", "all_to_all"):
         assert fast.explain(collective, 1 << 20, 2, **kw).algorithm == "direct", collective
         assert slow.explain(collective, 1 << 20, 2, **kw).algorithm == "one_shot", collective
         assert fast.explain(collective, 256 << 10, 2, **kw).algorithm == "one_shot", collective
+    # all_to_all's one_shot loses its cached price there (both ranks copy both ways at once):
+    # priced as all_gather's one_shot, which moves the same bytes.
+    a2a = fast.explain("all_to_all", 1 << 20, 2, **kw).predicted["one_shot"]
+    assert a2a == fast.explain("all_gather", 1 << 20, 2, **kw).predicted["one_shot"]
+    assert a2a > slow.explain("all_to_all", 1 << 20, 2, **kw).predicted["one_shot"]
     net = fast.explain("broadcast", 1 << 20, 2, **kw).network
     assert net.fast_reads and net.direct == DEFAULT_TUNING.link("shm-direct-fast")
     from ringcomm.selection.selector import describe

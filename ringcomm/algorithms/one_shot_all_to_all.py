@@ -19,6 +19,10 @@ ceil(S (n-1)/n / C) alpha_w + 2 (n-1)/n S beta_w on the window link, beta_w from
 every rank's input fits in half of it (Network.window_beta: since its rounds run compiled,
 one_shot measured 0.6-0.9x direct's time at 1-8 MiB on 2 ranks; the own block's copy, which
 the direct all-to-all makes too, is left out of both, as it decides nothing between them).
+Not on a host whose reads are fast (Network.fast_reads): there the two ranks' copies through
+the window, both ways at once, ran no faster than all_gather's one_shot, which moves the same
+bytes and is priced plainly, and lost to direct from 1 MiB (2 ranks, Intel Xeon: 1 MiB 134 us
+against 92, 4 MiB 526 against 419, 16 MiB 1931 against 1363; docs/selection.md).
 """
 from __future__ import annotations
 
@@ -40,7 +44,8 @@ class OneShotAllToAll(PlannedAlgorithm):
     def seconds(self, nbytes, net: Network) -> float:
         n = net.size
         sent = nbytes * (n - 1) / n
-        return net.window_rounds(sent) * net.window.alpha + 2 * sent * net.window_beta(nbytes)
+        beta = net.window.beta if net.fast_reads else net.window_beta(nbytes)
+        return net.window_rounds(sent) * net.window.alpha + 2 * sent * beta
 
     def has_work(self, shape) -> bool:
         return True   # counts differ per rank: a rank with nothing to move still takes part
