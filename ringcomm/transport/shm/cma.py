@@ -25,6 +25,7 @@ import ctypes
 import errno
 import functools
 import math
+import mmap
 import os
 import threading
 import time
@@ -123,6 +124,18 @@ def reads_fast(cost: float) -> bool:
     return 0 < cost <= READ_FAST
 
 
+def _probe_buffer(nbytes: int, value: int) -> np.ndarray:
+    """``nbytes`` filled with ``value``, mapped for the probe alone rather than taken from malloc:
+    glibc raises its mmap threshold to the size of every mapped block a process frees, so a
+    freed 1 MiB probe array made every later array of up to 1 MiB come from the heap, where
+    consecutive arrays lie 16 bytes apart modulo a page. Reads between such arrays cost 1.2x on
+    the Xeon and take the detour on the EPYC (PeerMemory); ``ringcomm.init()`` must not move the
+    caller's arrays there."""
+    buf = np.frombuffer(mmap.mmap(-1, nbytes), np.uint8)   # the array keeps the mapping alive
+    buf[...] = value
+    return buf
+
+
 def _fastest(fn) -> float:
     """Seconds of the fastest of five calls of ``fn``, after one that warms the caches and the
     page tables (the start-up probes below)."""
@@ -141,7 +154,7 @@ def read_cost(nbytes: int = 1 << 20) -> float:
     of three ratios, each of the best of five reads and copies (warm), so that a peer's start-up
     stealing the core makes a host look no slower than it is; about 3 ms in all. inf where the
     read fails."""
-    src, dst = np.ones(nbytes, np.uint8), np.zeros(nbytes, np.uint8)
+    src, dst = _probe_buffer(nbytes, 1), _probe_buffer(nbytes, 0)
     pid, src_addr, dst_addr = os.getpid(), address(src), address(dst)
     ratios = []
     for _ in range(3):
@@ -167,8 +180,8 @@ def distance_cost(nbytes: int = 256 << 10) -> float:
     the source's page offset (numpy's large arrays start 16 bytes into a page), over one at the
     same offset: the lowest of three ratios, each of the best of five reads (about 1 ms in all).
     inf where the read fails (the detour is kept)."""
-    src = np.ones(nbytes + copying.PAGE, np.uint8)
-    dst = np.zeros(nbytes + 2 * copying.PAGE, np.uint8)
+    src = _probe_buffer(nbytes + copying.PAGE, 1)
+    dst = _probe_buffer(nbytes + 2 * copying.PAGE, 0)
     pid, src_addr = os.getpid(), address(src)
     aligned = copying.like(dst, src_addr, nbytes)
     start = address(aligned) - address(dst) + 16
