@@ -71,8 +71,9 @@ class Network:
         times faster than from memory; a direct read by CMA does not (it pins every page it reads,
         whatever the cache holds), so without this the model sent in-cache broadcasts and
         reduce-scatters to the direct algorithms, 1.1-1.8x slower there; all_to_all alike
-        (direct 1.1-1.8x slower at 4-8 MiB). all_gather keeps the plain price: its direct
-        algorithm, which writes each part once, tied or beat one_shot in cache
+        (direct 1.1-1.8x slower at 4-8 MiB), except where reads are fast (``fast_reads``:
+        one_shot_all_to_all.py prices itself plainly there). all_gather keeps the plain price:
+        its direct algorithm, which writes each part once, tied or beat one_shot in cache
         (docs/selection.md)."""
         if self.window_cached is not None and self.size * nbytes <= self.cache_bytes / 2:
             return self.window_cached.beta

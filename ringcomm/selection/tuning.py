@@ -61,7 +61,8 @@ DEFAULT_LINKS = {
     # beat one_shot from 1 MiB in six collectives (2026-12-04 15:55-16:04 UTC, `mpirun -n 2 python
     # benchmarks/allreduce_perf.py -b 256K -e 64M -f 4 --algorithm auto,all`: broadcast 1 MiB 40
     # us against 74, all_reduce 114 against 158, all_gather 71 against 102). The values are the
-    # ones that choose the faster of the two at every size measured but all_to_all's 1 MiB; they
+    # ones that choose the faster of the two at every size measured (all_to_all's 1 MiB since its
+    # one_shot is priced without the cached window on such hosts, one_shot_all_to_all.py); they
     # under-price direct's time beyond the cache (16 MiB: 0.5-0.7x measured), where it is the
     # fastest anyway. Used only while "shm-direct" is the built-in guess above: a tuning file's
     # measured link is this host's own answer (Tuning.direct_name).
