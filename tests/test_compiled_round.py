@@ -333,3 +333,66 @@ def test_repeated_calls_take_the_planned_round_from_the_memo(monkeypatch):
             assert (out == np.repeat(np.arange(3, dtype=np.float32) * 10 + comm.rank + step, 8)).all()
     run_threads(3, fn)
     assert len(taken) == 3 * 4 * 2   # 3 ranks x 4 collectives x the third and fourth calls
+
+
+def test_the_direct_round_reads_and_stops_where_python_must_take_over():
+    """The direct all-to-all's compiled call (core/_round.c, ``direct``) in one process, as rank 0
+    of two, reading "rank 1" (this process too, by CMA) whose rounds the test posts by hand."""
+    import os
+    from ringcomm.algorithms.direct_all_to_all import CHECK, DONE, POSTED, READ
+    cap = 1024
+    regions = [np.zeros(64 + 2 * (64 + cap), np.uint8) for _ in range(2)]
+    me = os.getpid()
+    core = compiled.Core(0, cap, tuple(r.ctypes.data for r in regions), (me, me))
+    words = [r.view(np.int64) for r in regions]
+
+    def payload(rank, k):   # int64 index of round k's payload in a region (window.py's layout)
+        return (64 + (k & 1) * (64 + cap) + 64) // 8
+
+    def post(k, table, stamp=7, word=0, upto=None):   # "rank 1" posts round k (flag: upto)
+        w, at = words[1], payload(1, k)
+        w[at:at + len(table)] = table
+        head = at - 8
+        w[head], w[head + 1] = stamp, word
+        w[0] = k if upto is None else upto
+
+    theirs = np.arange(6, dtype=np.float32) * 10      # rank 1's x: its 2 elements for rank 0 start at 3
+    peer_table = [theirs.ctypes.data, 3, 2, 0, 3]     # address, then (offset, count) per destination
+    x = np.array([1, 2, 3, 4], np.float32)            # rank 0's: 1 element to itself, 3 to rank 1
+    # plan: nt, nc, nr, item; table (offset, count per destination); own copy; one read from rank 1
+    plan = np.array([4, 1, 1, 4, 0, 1, 1, 3, 0, 0, 4, 1, 1, 2, 4, 2], np.int64).tobytes()
+    out = np.full(3, -1, np.float32)
+
+    assert core.direct(1, x, out, plan, 7, 0, 0.0) == POSTED     # rank 1 has not posted
+    assert words[0][0] == 1 and words[0][payload(0, 1):payload(0, 1) + 5].tolist() == [x.ctypes.data, 0, 1, 1, 3]
+    assert out.tolist() == [1, -1, -1]                           # its own block, copied while it waited
+    post(3, peer_table)
+    assert core.direct(3, x, out, plan, 7, 0, 0.0) == READ       # read; rank 1 has not posted round 4
+    assert out.tolist() == [1, 30, 40] and words[0][0] == 4
+    post(5, peer_table, upto=6)
+    words[1][payload(1, 6) - 8] = 7                              # round 6's stamp
+    out[:] = -1
+    assert core.direct(5, x, out, plan, 7, 0, 0.0) == DONE and out.tolist() == [1, 30, 40]
+    post(7, [theirs.ctypes.data, 3, 5, 0, 3])                    # 5 elements for rank 0, which expects 2
+    out[:] = -1
+    assert core.direct(7, x, out, plan, 7, 0, 0.0) == CHECK and out.tolist() == [1, -1, -1]
+    post(9, [8, 3, 2, 0, 3])                                     # an address nobody can read
+    assert core.direct(9, x, out, plan, 7, 0, 0.0) == CHECK and out.tolist() == [1, -1, -1]
+    post(11, peer_table, stamp=8)                                # rank 1 in another call
+    assert core.direct(11, x, out, plan, 7, 0, 0.0) == POSTED and out.tolist() == [1, -1, -1]
+
+    def bad(**change):
+        v = dict(nt=4, nc=1, nr=1, item=4, table=[0, 1, 1, 3], copies=[0, 0, 4], reads=[1, 1, 2, 4, 2])
+        v.update(change)
+        return np.array([v["nt"], v["nc"], v["nr"], v["item"], *v["table"], *v["copies"], *v["reads"]],
+                        np.int64).tobytes()
+    for plan in (bad(nt=5), bad(nt=200, table=[0] * 200), bad(item=0), bad(copies=[0, 0, 17]),
+                 bad(copies=[0, 9, 4]), bad(reads=[0, 1, 2, 4, 2]), bad(reads=[2, 1, 2, 4, 2]),
+                 bad(reads=[1, 5, 2, 4, 2]), bad(reads=[1, 1, 2, 4, 3]), bad(reads=[1, 1, 2, -4, 2]), b"\0" * 12):
+        with pytest.raises(ValueError, match="malformed plan"):
+            core.direct(13, x, out, plan, 7, 0, 0.0)
+    assert words[0][0] == 11, "a refused plan posted its round"
+    with pytest.raises(RuntimeError, match="not read by CMA"):
+        compiled.Core(0, cap, tuple(r.ctypes.data for r in regions)).direct(13, x, out, plan, 7, 0, 0.0)
+    with pytest.raises(ValueError, match="pids"):
+        compiled.Core(0, cap, tuple(r.ctypes.data for r in regions), (me,))

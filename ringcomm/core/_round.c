@@ -1,6 +1,7 @@
 /* The one-shot rounds of a shared window, compiled: the all-reduce round, and one round of the
  * copy collectives (broadcast, all-gather, all-to-all, gather, scatter) and of the reduce-scatter, which follow a
- * plan of byte ranges their Python algorithm builds once per shape.
+ * plan of byte ranges their Python algorithm builds once per shape; and the direct all-to-all's
+ * two rounds with the reads of its peers' blocks by CMA between them (``direct``).
  *
  * A 1 KiB all-reduce through the window is one flag store, n - 1 flag loads and a few hundred
  * bytes of arithmetic, about a microsecond of work; in Python it took 5-7 us of interpreter time
@@ -22,8 +23,11 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <errno.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/types.h>
+#include <sys/uio.h>
 
 #include "_copy.h"
 #include "_polling.h"
@@ -41,6 +45,7 @@ typedef struct {
     Py_ssize_t capacity;
     char **base;   /* rank r's region, as this process maps it */
     char **slots;  /* scratch: one round's slots in rank order (one call runs at a time per window) */
+    pid_t *pids;   /* each rank's process, where the direct round may read peers by CMA; else NULL */
 } Core;
 
 static inline int64_t *flag_of(const Core *c, int r) { return (int64_t *)c->base[r]; }
@@ -131,43 +136,60 @@ static int valid_code(long code) {
 static void core_dealloc(Core *self) {
     PyMem_Free(self->base);
     PyMem_Free(self->slots);
+    PyMem_Free(self->pids);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
 static int core_init(Core *self, PyObject *args, PyObject *kwds) {
     int rank;
     Py_ssize_t capacity;
-    PyObject *addresses;
-    if (!PyArg_ParseTuple(args, "inO!", &rank, &capacity, &PyTuple_Type, &addresses)) return -1;
+    PyObject *addresses, *pid_list = Py_None;
+    if (!PyArg_ParseTuple(args, "inO!|O", &rank, &capacity, &PyTuple_Type, &addresses, &pid_list)) return -1;
     Py_ssize_t size = PyTuple_GET_SIZE(addresses);
     if (size < 1 || size > 65536 || rank < 0 || rank >= size || capacity <= 0) {
         PyErr_Format(PyExc_ValueError, "Core: rank %d of %zd regions, capacity %zd", rank, size, capacity);
         return -1;
     }
-    char **base = PyMem_Calloc(size, sizeof(char *)), **slots = PyMem_Calloc(size, sizeof(char *));
-    if (base == NULL || slots == NULL) {
-        PyMem_Free(base);
-        PyMem_Free(slots);
-        PyErr_NoMemory();
+    if (pid_list != Py_None && (!PyTuple_Check(pid_list) || PyTuple_GET_SIZE(pid_list) != size)) {
+        PyErr_Format(PyExc_ValueError, "Core: pids must be None or a tuple of %zd pids", size);
         return -1;
+    }
+    char **base = PyMem_Calloc(size, sizeof(char *)), **slots = PyMem_Calloc(size, sizeof(char *));
+    pid_t *pids = pid_list == Py_None ? NULL : PyMem_Calloc(size, sizeof(pid_t));
+    if (base == NULL || slots == NULL || (pid_list != Py_None && pids == NULL)) {
+        PyErr_NoMemory();
+        goto fail;
     }
     for (Py_ssize_t r = 0; r < size; r++) {
         base[r] = PyLong_AsVoidPtr(PyTuple_GET_ITEM(addresses, r));
         if (base[r] == NULL) {
-            PyMem_Free(base);
-            PyMem_Free(slots);
             if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "Core: a region address is NULL");
-            return -1;
+            goto fail;
+        }
+        if (pids != NULL) {
+            long pid = PyLong_AsLong(PyTuple_GET_ITEM(pid_list, r));
+            if (pid <= 0) {
+                if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "Core: pid %ld", pid);
+                goto fail;
+            }
+            pids[r] = (pid_t)pid;
         }
     }
     PyMem_Free(self->base);
     PyMem_Free(self->slots);
+    PyMem_Free(self->pids);
     self->base = base;
     self->slots = slots;
+    self->pids = pids;
     self->rank = rank;
     self->size = (int)size;
     self->capacity = capacity;
     return 0;
+fail:
+    PyMem_Free(base);
+    PyMem_Free(slots);
+    PyMem_Free(pids);
+    return -1;
 }
 
 /* The slots of round k, in rank order. */
@@ -199,14 +221,18 @@ static int get_buffers(PyObject *const *args, Py_buffer *in, Py_buffer *out, Py_
 }
 
 /* Post round k (this rank's slot filled already): stamp, word, then the flag with release
- * semantics; poll the peers' flags for up to ``spin`` seconds. 0: every peer posted round k with
- * this stamp and word; r + 1: peer r has not posted yet; -(r + 1): peer r posted another stamp
- * or word. Called without the GIL. */
-static int post_and_wait(const Core *c, int64_t k, int64_t stamp, int64_t word, double spin) {
+ * semantics. */
+static void post(const Core *c, int64_t k, int64_t stamp, int64_t word) {
     int64_t *mine = slot_header(c, c->rank, k);
     mine[0] = stamp;
     mine[1] = word;
     __atomic_store_n(flag_of(c, c->rank), k, __ATOMIC_RELEASE);
+}
+
+/* Poll the peers' flags for round k (posted by this rank) for up to ``spin`` seconds. 0: every
+ * peer posted round k with this stamp and word; r + 1: peer r has not posted yet; -(r + 1): peer
+ * r posted another stamp or word. Called without the GIL. */
+static int await_round(const Core *c, int64_t k, int64_t stamp, int64_t word, double spin) {
     int late = lagging(c, k);
     if (late >= 0 && spin > 0) {
         double until = now() + spin;
@@ -219,6 +245,11 @@ static int post_and_wait(const Core *c, int64_t k, int64_t stamp, int64_t word, 
     if (late >= 0) return late + 1;
     int odd = odd_stamp(c, k, stamp, word);
     return odd >= 0 ? -(odd + 1) : 0;
+}
+
+static int post_and_wait(const Core *c, int64_t k, int64_t stamp, int64_t word, double spin) {
+    post(c, k, stamp, word);
+    return await_round(c, k, stamp, word, spin);
 }
 
 /* all_reduce(k, src, dst, code, stamp, word, spin) -> status
@@ -436,6 +467,132 @@ static PyObject *core_finish(Core *self, PyObject *const *args, Py_ssize_t nargs
     Py_RETURN_NONE;
 }
 
+/* ---- the direct all-to-all's two rounds ------------------------------------------------------
+ * algorithms/direct_all_to_all.py, compiled for windows whose ranks are processes this one reads
+ * by CMA (the Core was given their pids). The plan is int64s: nt, nc, nr, item; then nt table
+ * words; nc copies (from, to, len) in bytes, src to dst; nr reads (peer, at, len_at, to, count).
+ *
+ * Round k: this rank's slot gets the address of src and the nt table words after it (the words
+ * the Python round posts, so compiled and Python ranks read each other), the round is posted,
+ * and the copies (this rank's own block) are made while the peers post theirs. Once every rank
+ * has posted round k with this stamp and word, each read checks that word len_at of the peer's
+ * table is ``count`` and copies count * item bytes at (its word 0 + word at * item) of the peer's
+ * memory to dst + to; then round k + 1 says the reads are done.
+ *
+ * Status: 0 done (both rounds posted and complete); 1 round k posted and the copies made, a peer
+ * late or in another call (the caller settles round k, then checks and reads); 2 round k
+ * complete, a count differs or a read failed (the caller checks and reads, and explains); 3 the
+ * reads done and round k + 1 posted, a peer late or in another call (the caller settles it). */
+typedef struct {
+    Py_ssize_t nt, nc, nr, item;
+    const int64_t *table, *copies, *reads;
+} DirectPlan;
+
+enum { DIRECT_DONE, DIRECT_POSTED, DIRECT_CHECK, DIRECT_READ };
+
+static int direct_plan_of(const Core *c, const Py_buffer *plan, Py_ssize_t src_len, Py_ssize_t dst_len,
+                          DirectPlan *p) {
+    const int64_t *v = plan->buf;
+    Py_ssize_t words = plan->len / 8;
+    if (plan->len % 8 || words < 4 || v[0] < 0 || v[1] < 0 || v[2] < 0 || v[3] <= 0
+        || (1 + v[0]) * 8 > c->capacity || words != 4 + v[0] + 3 * v[1] + 5 * v[2])
+        goto bad;
+    p->nt = v[0];
+    p->nc = v[1];
+    p->nr = v[2];
+    p->item = v[3];
+    p->table = v + 4;
+    p->copies = p->table + p->nt;
+    p->reads = p->copies + 3 * p->nc;
+    for (Py_ssize_t i = 0; i < p->nc; i++) {
+        const int64_t *e = p->copies + 3 * i;
+        if (e[0] < 0 || e[1] < 0 || e[2] < 0 || e[0] + e[2] > src_len || e[1] + e[2] > dst_len) goto bad;
+    }
+    for (Py_ssize_t i = 0; i < p->nr; i++) {
+        const int64_t *e = p->reads + 5 * i;
+        if (e[0] < 0 || e[0] >= c->size || e[0] == c->rank || e[1] < 0 || e[1] > p->nt || e[2] < 0
+            || e[2] > p->nt || e[3] < 0 || e[4] < 0 || e[4] > (dst_len - e[3]) / p->item)
+            goto bad;
+    }
+    return 0;
+bad:
+    PyErr_SetString(PyExc_ValueError, "direct round: a malformed plan");
+    return -1;
+}
+
+/* len bytes at ``from`` of process pid to ``to``; -1 where the kernel refuses (the caller's
+ * Python read says why). The kernel may stop short at a page it cannot reach: the rest is asked
+ * for again, and that call reports the error. */
+static int read_process(pid_t pid, char *to, int64_t from, Py_ssize_t len) {
+    Py_ssize_t done = 0;
+    while (done < len) {
+        struct iovec local = {to + done, (size_t)(len - done)};
+        struct iovec remote = {(void *)(intptr_t)(from + done), (size_t)(len - done)};
+        ssize_t got = process_vm_readv(pid, &local, 1, &remote, 1, 0);
+        if (got <= 0) return -1;
+        done += got;
+    }
+    return 0;
+}
+
+static int direct_rounds(const Core *c, int64_t k, const DirectPlan *p, const char *src, char *dst,
+                         int64_t stamp, int64_t word, double spin) {
+    int64_t *slot = (int64_t *)payload(c, c->rank, k);
+    slot[0] = (int64_t)(intptr_t)src;
+    memcpy(slot + 1, p->table, (size_t)p->nt * 8);
+    post(c, k, stamp, word);
+    for (Py_ssize_t i = 0; i < p->nc; i++) {
+        const int64_t *e = p->copies + 3 * i;
+        rc_move(dst + e[1], src + e[0], (size_t)e[2]);
+    }
+    if (await_round(c, k, stamp, word, spin)) return DIRECT_POSTED;
+    for (Py_ssize_t i = 0; i < p->nr; i++) {
+        const int64_t *e = p->reads + 5 * i;
+        if (((const int64_t *)payload(c, (int)e[0], k))[e[2]] != e[4]) return DIRECT_CHECK;
+    }
+    for (Py_ssize_t i = 0; i < p->nr; i++) {
+        const int64_t *e = p->reads + 5 * i, *theirs = (const int64_t *)payload(c, (int)e[0], k);
+        if (e[4] && read_process(c->pids[e[0]], dst + e[3], theirs[0] + theirs[e[1]] * p->item, e[4] * p->item))
+            return DIRECT_CHECK;
+    }
+    post(c, k + 1, stamp, word);
+    return await_round(c, k + 1, stamp, word, spin) ? DIRECT_READ : DIRECT_DONE;
+}
+
+/* direct(k, src, dst, plan, stamp, word, spin) -> status (above) */
+static PyObject *core_direct(Core *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (!ready(self)) return NULL;
+    if (self->pids == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "direct round: this window's ranks are not read by CMA");
+        return NULL;
+    }
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "direct(k, src, dst, plan, stamp, word, spin)");
+        return NULL;
+    }
+    int64_t k = PyLong_AsLongLong(args[0]);
+    int64_t stamp = PyLong_AsLongLong(args[4]), word = PyLong_AsLongLong(args[5]);
+    double spin = PyFloat_AsDouble(args[6]);
+    if (PyErr_Occurred()) return NULL;
+    Py_buffer src, dst, plan;
+    if (PyObject_GetBuffer(args[1], &src, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if (PyObject_GetBuffer(args[2], &dst, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) goto no_dst;
+    if (PyObject_GetBuffer(args[3], &plan, PyBUF_C_CONTIGUOUS) < 0) goto no_plan;
+    DirectPlan p;
+    int status = -1;
+    if (direct_plan_of(self, &plan, src.len, dst.len, &p) == 0) {
+        Py_BEGIN_ALLOW_THREADS
+        status = direct_rounds(self, k, &p, src.buf, dst.buf, stamp, word, spin);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&plan);
+no_plan:
+    PyBuffer_Release(&dst);
+no_dst:
+    PyBuffer_Release(&src);
+    return status < 0 ? NULL : PyLong_FromLong(status);
+}
+
 static PyMethodDef core_methods[] = {
     {"all_reduce", (PyCFunction)(void (*)(void))core_all_reduce, METH_FASTCALL,
      "all_reduce(k, src, dst, code, stamp, word, spin) -> 0 done, r+1 peer r late, -(r+1) peer r differs"},
@@ -445,6 +602,8 @@ static PyMethodDef core_methods[] = {
      "round(k, src, dst, plan, code, stamp, word, spin) -> 0 done, r+1 peer r late, -(r+1) peer r differs"},
     {"finish", (PyCFunction)(void (*)(void))core_finish, METH_FASTCALL,
      "finish(k, src, dst, plan, code): the plan's reads of round k"},
+    {"direct", (PyCFunction)(void (*)(void))core_direct, METH_FASTCALL,
+     "direct(k, src, dst, plan, stamp, word, spin) -> 0 done, 1 posted, 2 check and read, 3 read"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -453,7 +612,7 @@ static PyTypeObject CoreType = {
     .tp_name = "ringcomm.core._round.Core",
     .tp_basicsize = sizeof(Core),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Core(rank, capacity, addresses): the compiled rounds of one window",
+    .tp_doc = "Core(rank, capacity, addresses, pids=None): the compiled rounds of one window",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)core_init,
     .tp_dealloc = (destructor)core_dealloc,

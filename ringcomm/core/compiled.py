@@ -33,8 +33,10 @@ def enabled() -> bool:
     return Core is not None and env.get("RINGCOMM_COMPILED")
 
 
-def core_for(rank: int, regions: list, capacity: int) -> Optional[object]:
-    """The compiled round over a window's regions (host arrays laid out as window.py says), or None."""
+def core_for(rank: int, regions: list, capacity: int, pids: Optional[tuple] = None) -> Optional[object]:
+    """The compiled round over a window's regions (host arrays laid out as window.py says), or None.
+    ``pids``: each rank's process, where the window's direct reads are plain CMA reads, which the
+    compiled direct round then makes itself."""
     if not enabled():
         return None
-    return Core(rank, capacity, tuple(array_address(region) for region in regions))
+    return Core(rank, capacity, tuple(array_address(region) for region in regions), pids)

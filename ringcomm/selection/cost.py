@@ -14,7 +14,8 @@ Where every rank shares memory with every other, the transport may also offer a 
 mailbox per rank that all read in place); ``window`` prices one round of it for the one-shot
 algorithms, which are impossible (infinitely expensive) without one. Where ranks can also read
 each other's memory (CMA), ``direct`` prices one such read: alpha per read, beta per byte. Where
-the window's all-reduce round is compiled for the call's dtype, ``round`` prices that round.
+the window's all-reduce round is compiled for the call's dtype, ``round`` prices that round;
+where the direct all-to-all's rounds and reads are compiled too, ``direct_round`` prices them.
 """
 from __future__ import annotations
 
@@ -55,6 +56,7 @@ class Network:
     window_cached: Optional[Link] = None   # the window while the collective's buffers fit the cache
     cache_bytes: int = 0                   # the node's last-level cache (0: unknown); see window_beta()
     fast_reads: bool = False               # ``direct`` is the fast-read hosts' link (Tuning.direct_name)
+    direct_round: Optional[Link] = None    # the compiled direct all-to-all (core/_round.c), where it runs
 
     @property
     def size(self) -> int:

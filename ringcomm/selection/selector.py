@@ -232,6 +232,14 @@ class Selector:
             round_ = None
             if window_bytes and compiled and f"{routes[0]}-round" in self.tuning.links and compiles(dtype):
                 round_ = self.tuning.link(f"{routes[0]}-round", dtype).with_gamma(0.0)
+            fast_reads = reads_name is not None and reads_name.endswith("-fast")
+            # The compiled direct rounds read by CMA themselves only where reads go straight, with
+            # no detour past slow distances (cma.PeerMemory); every host measured whose reads are
+            # fast is one of those. fast_reads and compiled are agreed by the job, so every rank
+            # prices alike whichever road it runs.
+            direct_round = None
+            if fast_reads and compiled and f"{routes[0]}-direct-round" in self.tuning.links:
+                direct_round = self.tuning.link(f"{routes[0]}-direct-round", dtype).with_gamma(0.0)
             c = self.ranks_per_core
             # Ranks sharing cores share their caches too: 4 ranks on 2 cores measured direct
             # 1.3-1.7x faster than one_shot at 2-4 MiB (broadcast, reduce-scatter) with it.
@@ -241,7 +249,7 @@ class Selector:
                                                 window=crowded_window(window, c), window_bytes=window_bytes,
                                                 direct=crowded_reads(reads, c), round=crowded_round(round_, c),
                                                 crowding=c, window_cached=cached, cache_bytes=self.cache_bytes,
-                                                fast_reads=reads_name is not None and reads_name.endswith("-fast"))
+                                                fast_reads=fast_reads, direct_round=crowded_round(direct_round, c))
         return net
 
     def explain(self, collective: str, nbytes: int, size: int, *, dtype: str = "float32", nodes=None,
@@ -322,6 +330,9 @@ def describe(choice: Choice) -> str:
             host = " (a host whose reads are fast)" if net.fast_reads else ""
             lines.append(f"  direct reads of peers' memory{host}: alpha {net.direct.alpha * 1e6:.2f} us per read, "
                          f"{1 / net.direct.beta / 1e9:.2f} GB/s")
+            if net.direct_round is not None:
+                lines.append(f"  compiled direct all-to-all: alpha {net.direct_round.alpha * 1e6:.2f} us per peer "
+                             f"read, rounds included, {1 / net.direct_round.beta / 1e9:.2f} GB/s")
         elif net.window is not None:
             lines.append("  direct reads of peers' memory: none (direct cannot run)")
     head = f"  {'algorithm':<20}{'predicted':>14}" + (f"{'measured':>14}" if choice.measured else "")

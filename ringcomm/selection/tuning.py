@@ -67,6 +67,15 @@ DEFAULT_LINKS = {
     # fastest anyway. Used only while "shm-direct" is the built-in guess above: a tuning file's
     # measured link is this host's own answer (Tuning.direct_name).
     "shm-direct-fast": (15e-6, 1 / 16e9),
+    # The direct all-to-all's two rounds and reads run compiled (core/_round.c, ``direct``) where
+    # the job runs the compiled rounds and reads fast: alpha per peer read, both rounds included,
+    # beta per byte read. Forced on 2 ranks of the Xeon host (2026-12-04 21:10 UTC, /tmp script
+    # timing 500 calls after mpi4py barriers): direct 6.3 us flat from 1 KiB to 32 KiB, 7.3 at
+    # 64 KiB, 21 at 512 KiB, 67 at 1 MiB; one_shot 3.5, 4.2, 5.7 (16 KiB), 6.7 (32 KiB), 9.8
+    # (64 KiB), 38.6 (512 KiB). The compiled round of one_shot is still priced on "shm-window"
+    # (6 us a round), so alpha is the value that puts the crossover where it was measured, at
+    # 16-32 KiB, rather than direct's own ~4 us.
+    "shm-direct-round": (7e-6, 1 / 16e9),
     "threads-direct": (2e-6, 1 / 4.0e9),
 }
 DEFAULT_GAMMAS = {

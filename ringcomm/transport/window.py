@@ -51,7 +51,8 @@ class Window:
     ``address`` of that rank's memory into ``dst`` (CMA between processes, a plain copy between
     threads): the direct algorithms post addresses in their slots instead of payloads.
     ``writer(rank, address, src)`` copies ``src`` there the other way; a transport offers both or
-    neither.
+    neither. ``pids``, where a transport gives them, say that ``reader`` is one plain CMA read of
+    those processes: the compiled direct rounds (``direct_core``) then read peers themselves.
 
     ``aborted(peer)`` returns why the job or that peer gave up, or None. ``spin`` is how long a
     wait polls before it starts sleeping (polling.py): processes on cores of their own poll for
@@ -62,7 +63,7 @@ class Window:
     def __init__(self, rank: int, regions: list, *, capacity: int = CAPACITY,
                  aborted: Callable[[int], Optional[str]] = lambda peer: None,
                  spin: float = SPIN_SECONDS, reader: Optional[Callable] = None,
-                 writer: Optional[Callable] = None):
+                 writer: Optional[Callable] = None, pids: Optional[tuple] = None):
         self.rank, self.size, self.capacity = rank, len(regions), capacity
         self.reader, self.writer = reader, writer
         self._scratch = np.empty(0, np.uint8)
@@ -70,7 +71,9 @@ class Window:
         self._aborted, self.spin = aborted, spin
         # The compiled one-shot all-reduce round over these same regions (core/_round.c), or None.
         # It posts and reads rounds exactly as the methods below do, so either may run any round.
-        self.core = core_for(rank, regions, capacity)
+        self.core = core_for(rank, regions, capacity, pids)
+        # The same core where it may also read peers by CMA itself (direct_all_to_all.py), or None.
+        self.direct_core = self.core if pids is not None and reader is not None else None
         # Flags and stamps through memoryviews: an item access costs a third of numpy's.
         self._flags = [_words(r[:8]) for r in regions]
         self._stamps = [[_words(r[LINE + p * (LINE + capacity):][:8]) for p in (0, 1)] for r in regions]

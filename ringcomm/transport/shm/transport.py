@@ -76,7 +76,7 @@ class _FaultWindow(Window):
     def __init__(self, *args, fire, **kwargs):
         super().__init__(*args, **kwargs)
         self._fire = fire
-        self.core = None   # the hook sits in publish(), which the compiled round does not call
+        self.core = self.direct_core = None   # the hook sits in publish(), which the compiled rounds do not call
 
     def publish(self, stamp, word=0):
         k = super().publish(stamp, word)
@@ -252,8 +252,11 @@ class ShmTransport(Messages, Transport):
         if not self._direct:
             return {}
         pull, push = self._memory.pull, self._memory.push
+        # pids where a read is one process_vm_readv (no detour past slow distances: PeerMemory),
+        # which the compiled direct rounds make themselves
+        pids = None if self._memory.bounce else tuple(self._pids[r] for r in node_ranks)
         return dict(reader=lambda r, addr, dst: pull(node_ranks[r], addr, dst),
-                    writer=lambda r, addr, src: push(node_ranks[r], addr, src))
+                    writer=lambda r, addr, src: push(node_ranks[r], addr, src), pids=pids)
 
     def _make_window(self, regions: list):
         kwargs = dict(aborted=self.aborted_reason, spin=spin_for(self.n), capacity=JOB_CAPACITY,
