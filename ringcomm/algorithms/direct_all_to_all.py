@@ -49,7 +49,6 @@ class DirectAllToAll(WindowAlgorithm):
     def run(self, window, src, dst, shape, reducer, stamp, word, trouble) -> None:
         n, me = window.size, window.rank
         sends, recvs = shape.counts, shape.recv_counts
-        soff, roff = offsets(sends), offsets(recvs)
         if sends[me] != recvs[me]:
             raise MismatchError(f"all_to_all on rank {me}: this rank's block to itself has {sends[me]} "
                                 f"elements in x and {recvs[me]} in out")
@@ -66,7 +65,9 @@ class DirectAllToAll(WindowAlgorithm):
             if status == POSTED:
                 settle(window, k, stamp, word, trouble, 0, 2)
             slots = [tuple(v.tolist()) for v in window.views(k, ADDRESS, 1 + 2 * n)]
+            roff = offsets(recvs)
         else:
+            soff, roff = offsets(sends), offsets(recvs)
             table = [address(src)] + [v for pair in zip(soff, sends) for v in pair]
 
             def own_block():   # needs no peer: copied while they post their addresses, not after
