@@ -23,7 +23,6 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <errno.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/types.h>
@@ -494,8 +493,8 @@ static int direct_plan_of(const Core *c, const Py_buffer *plan, Py_ssize_t src_l
                           DirectPlan *p) {
     const int64_t *v = plan->buf;
     Py_ssize_t words = plan->len / 8;
-    if (plan->len % 8 || words < 4 || v[0] < 0 || v[1] < 0 || v[2] < 0 || v[3] <= 0
-        || (1 + v[0]) * 8 > c->capacity || words != 4 + v[0] + 3 * v[1] + 5 * v[2])
+    if (plan->len % 8 || words < 4 || v[0] < 0 || v[1] < 0 || v[2] < 0 || v[3] <= 0 || v[0] > words
+        || v[1] > words || v[2] > words || (1 + v[0]) * 8 > c->capacity || words != 4 + v[0] + 3 * v[1] + 5 * v[2])
         goto bad;
     p->nt = v[0];
     p->nc = v[1];
@@ -552,7 +551,9 @@ static int direct_rounds(const Core *c, int64_t k, const DirectPlan *p, const ch
     }
     for (Py_ssize_t i = 0; i < p->nr; i++) {
         const int64_t *e = p->reads + 5 * i, *theirs = (const int64_t *)payload(c, (int)e[0], k);
-        if (e[4] && read_process(c->pids[e[0]], dst + e[3], theirs[0] + theirs[e[1]] * p->item, e[4] * p->item))
+        /* unsigned: an address the kernel refuses, never undefined arithmetic */
+        uint64_t from = (uint64_t)theirs[0] + (uint64_t)theirs[e[1]] * (uint64_t)p->item;
+        if (e[4] && read_process(c->pids[e[0]], dst + e[3], (int64_t)from, e[4] * p->item))
             return DIRECT_CHECK;
     }
     post(c, k + 1, stamp, word);
