@@ -239,6 +239,23 @@ def test_the_memo_holds_few_bytes_alive(monkeypatch):
         assert 0 < entries <= FAST_ENTRIES and pinned <= FAST_BYTES
 
 
+def test_calls_too_large_for_the_fast_road_are_neither_remembered_nor_planned_twice(monkeypatch):
+    from ringcomm.communicator import Communicator
+    from ringcomm.persistent import FAST_LIMIT
+    planned = []
+    plan_for = Communicator._plan_for
+    monkeypatch.setattr(Communicator, "_plan_for", lambda self, *a: (planned.append(a[0].name), plan_for(self, *a))[1])
+
+    def body(comm):
+        x, out = np.ones(FAST_LIMIT // 4 + 2, np.float32), np.empty(FAST_LIMIT // 4 + 2, np.float32)
+        for _ in range(3):
+            comm.all_to_all(out, x)
+            comm.all_reduce(x)
+        return len(comm._fast.calls), len(comm._fast.seen)
+    assert run_threads(2, body) == [(0, 0), (0, 0)]
+    assert planned.count("all_to_all") == planned.count("all_reduce") == 2 * 3   # once per call and rank
+
+
 def test_a_second_thread_on_the_fast_road_is_refused_naming_it(monkeypatch):
     """The thread rule holds on the memo's road: a remembered call from another thread while this
     one's receive is in flight raises UsageError, it does not pair with the peer's messages."""
