@@ -191,7 +191,7 @@ class FastCalls:
         """Remember a call just run, if it ran on these very buffers before and may take the fast
         road next time (``fast_road``). A loop that passes a fresh view each time then pays a dict
         entry per call instead of holding each view and building a road it never takes."""
-        if call.collective.nbytes(call, comm.size) > FAST_LIMIT:
+        if too_large(comm, call):
             # Never on the fast road: planning it anyway cost a 4 MiB all_to_all 10 us of its ~400
             # (the caches are cold from the copies then).
             return
@@ -226,6 +226,11 @@ class FastCalls:
                 self.last = NO_LAST
 
 
+def too_large(comm, call) -> bool:
+    """Whether the call moves more than FAST_LIMIT bytes: never on the fast road (``fast_road``)."""
+    return call.collective.nbytes(call, comm.size) > FAST_LIMIT
+
+
 def fast_road(comm, call, plan) -> Optional[int]:
     """The buffer bytes a WindowCall of this call would hold, if the call qualifies: a window plan
     with work to do, host memory, at most FAST_LIMIT bytes, no scaling before the communication,
@@ -234,7 +239,7 @@ def fast_road(comm, call, plan) -> Optional[int]:
         return None
     if call.op is ReduceOp.AVG and call.dtype.name in ("float16", "bfloat16"):
         return None   # scaled before the sum (ops.prescale_factor): the ordinary road does it
-    if comm._preflight_on or comm._logging() or comm.size < 2 or call.collective.nbytes(call, comm.size) > FAST_LIMIT:
+    if comm._preflight_on or comm._logging() or comm.size < 2 or too_large(comm, call):
         return None
     held = sum(b.flat.nbytes for b in (call.inp, call.out) if b is not None)
     return held if held <= FAST_BYTES else None

@@ -9,6 +9,7 @@ Prints "rank R ok CHECKS compiled=BOOL" per rank; an assertion names the first w
 """
 import os
 import sys
+import time
 import zlib
 
 import numpy as np
@@ -136,7 +137,6 @@ for storage in (np.float32, np.int16, np.float64):
         if even:
             table[:] = 33
         if case == 5 and rank == 1 % size:
-            import time
             time.sleep(0.02)                        # its peers wait in round 1
         x = np.concatenate([sent(rank, j, table[rank][j], storage) for j in range(size)])
         out = np.full(table[:, rank].sum(), -1, storage)
@@ -171,7 +171,6 @@ recvs = [2] * size
 last = size - 1
 if rank == last:
     recvs[0] += 1
-    import time
     time.sleep(0.05)
 try:
     comm.all_to_all(np.zeros(sum(recvs), np.float32), np.ones(sum(sends), np.float32), recvs, sends,
