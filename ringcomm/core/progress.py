@@ -16,6 +16,7 @@ on the peers, silently; a thread that needs collectives of its own uses ``comm.d
 from __future__ import annotations
 
 import collections
+import functools
 import threading
 import time
 from typing import Callable, Optional
@@ -118,7 +119,7 @@ class Engine:
         message (a 4 MiB exchange read by CMA, 2 ranks: 468-653 us against 321-428), and
         the next call wakes it."""
         self.pending.append(op)
-        op.work._drive = lambda block=True: self.drive(op, block)
+        op.work._drive = functools.partial(self.drive, op)   # called with no frame of its own
         if self.thread is None or (self.idle_wait and wake):   # else it comes round within its nap
             self._start()
 
