@@ -300,16 +300,18 @@ class Messages:
             self._release(inflight[0])
 
     def _release(self, req: _Send) -> None:
+        # Every completed send passes here: try/except, not contextlib.suppress (three calls and
+        # an object per use), for a request its list may no longer hold.
         req.held = False
         if req.pipe is not None:   # acknowledged: its receiver has it all, or refused it
             pipe.retire(req.pipe)
-            with contextlib.suppress(ValueError):
+            try:
                 self._pipes.remove(req)
+            except ValueError:
+                pass
         if req.pooled:
             req.pooled = False
             self.pool.release(req.peer, req.off)
-        # try/except, not contextlib.suppress: every completed send passes here, and suppress
-        # costs three calls and an object
         try:
             self._inflight[req.peer].remove(req)
         except ValueError:
