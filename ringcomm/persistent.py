@@ -15,11 +15,11 @@ persistent and ordinary calls freely.
 
 The ordinary blocking calls keep a few of these (``FastCalls``): ``all_reduce(x)`` in place,
 ``broadcast``, ``all_gather``, ``reduce_scatter``, ``all_to_all``, ``gather`` and ``scatter``
-with even counts, up to 1 MiB, whose plan is a window algorithm. The second call on the very
+with even counts, up to 4 MiB, whose plan is a window algorithm. The second call on the very
 same buffer objects is remembered, the third and later take the persistent road without the
 user asking: the default path of a training or benchmark loop that moves the same buffers again
 and again skips ~20-45 us of argument checks and planning per call. The memo holds the buffers
-of at most 16 calls and 8 MiB alive; ``*_init`` is the explicit form, with no such limits.
+of at most 16 calls and 16 MiB alive; ``*_init`` is the explicit form, with no such limits.
 """
 from __future__ import annotations
 
@@ -42,9 +42,13 @@ _current = threading.current_thread
 _NONE = type(None)   # called, gives None: the "weak reference" of an absent buffer (gather's out off root)
 _SLOW = object()          # "take the ordinary road" (a fast call that does not apply right now)
 NO_LAST = (object(), object(), None)   # FastCalls.last when there is none: no x or op is these
-FAST_LIMIT = 1 << 20      # bytes of a call: above this, Python's per-call cost is noise next to the transfer
+# Bytes of a call: above this, the ordinary road's Python is a few percent of the transfer. At 2
+# and 4 MiB it still was 8-15% (2 ranks, the ordinary road's checks and planning with the caches
+# cold from the copies: all_to_all 4 MiB 370-375 -> 334-348 us when remembered), at 16 MiB 2-6%,
+# which is not worth holding 32 MiB or more of a caller's buffers alive.
+FAST_LIMIT = 4 << 20
 FAST_ENTRIES = 16         # calls the implicit memo remembers
-FAST_BYTES = 8 << 20      # buffer bytes it may keep alive in all (the oldest calls are forgotten first)
+FAST_BYTES = 16 << 20     # buffer bytes it may keep alive in all (the oldest calls are forgotten first)
 
 
 def _guard(buf, written: bool = True):

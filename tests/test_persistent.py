@@ -225,18 +225,22 @@ def test_an_absent_peer_times_out_on_the_fast_road_of_all_gather_naming_it(monke
 def test_the_memo_holds_few_bytes_alive(monkeypatch):
     monkeypatch.setenv("RINGCOMM_ALGO", WINDOW_ALGOS["one_shot"])
 
-    from ringcomm.persistent import FAST_BYTES, FAST_ENTRIES
+    from ringcomm.persistent import FAST_BYTES, FAST_ENTRIES, FAST_LIMIT
 
-    def body(comm):
+    def body(comm, count):
         kept = []
-        for i in range(40):   # 40 distinct 512 KiB broadcasts, each twice: more than the memo may hold
-            x = np.full(1 << 16, float(i))
+        for i in range(2 * FAST_ENTRIES + 8):   # distinct broadcasts, each twice: more than the memo may hold
+            x = np.full(count, float(i))
             comm.broadcast(x)
             comm.broadcast(x)
             kept.append(x)
         return len(comm._fast.calls), comm._fast.pinned
-    for entries, pinned in run_threads(2, body):
-        assert 0 < entries <= FAST_ENTRIES and pinned <= FAST_BYTES
+    # small buffers: the count of calls binds; large ones (as large as a remembered call may be): the bytes
+    small, large = FAST_BYTES // FAST_ENTRIES // 4, min(FAST_LIMIT, FAST_BYTES // 4)
+    for entries, pinned in run_threads(2, body, small // 8):
+        assert entries == FAST_ENTRIES and pinned <= FAST_BYTES
+    for entries, pinned in run_threads(2, body, large // 8):
+        assert 0 < entries <= FAST_BYTES // large < FAST_ENTRIES and pinned <= FAST_BYTES
 
 
 def test_calls_too_large_for_the_fast_road_are_neither_remembered_nor_planned_twice(monkeypatch):
