@@ -243,6 +243,28 @@ def test_the_memo_holds_few_bytes_alive(monkeypatch):
         assert 0 < entries <= FAST_BYTES // large < FAST_ENTRIES and pinned <= FAST_BYTES
 
 
+def test_calls_as_large_as_the_limit_take_the_fast_road_with_the_right_result(monkeypatch):
+    """FAST_LIMIT bytes is on the road (the boundary the test below crosses), and a remembered call
+    of that size still moves this call's data, not the data it was remembered with."""
+    monkeypatch.setenv("RINGCOMM_ALGO", WINDOW_ALGOS["direct"])
+    from ringcomm.persistent import FAST_LIMIT
+
+    def body(comm):
+        n, r = comm.size, comm.rank
+        x, out = np.empty(FAST_LIMIT // 4, np.float32), np.empty(FAST_LIMIT // 4, np.float32)
+        wrong = 0
+        for i in range(4):
+            x[...] = np.arange(x.size, dtype=np.float32) + 10 * i + r
+            comm.all_to_all(out, x)
+            block = x.size // n
+            expected = np.concatenate([np.arange(x.size, dtype=np.float32)[r * block:(r + 1) * block] + 10 * i + q
+                                       for q in range(n)])
+            wrong += int(np.count_nonzero(out != expected))
+        return [type(entry[1]).__name__ for entry in comm._fast.calls.values()], wrong
+    # a WindowCall: the road was built (third call) and taken (fourth)
+    assert run_threads(2, body) == [(["WindowCall"], 0)] * 2
+
+
 def test_calls_too_large_for_the_fast_road_are_neither_remembered_nor_planned_twice(monkeypatch):
     from ringcomm.communicator import Communicator
     from ringcomm.persistent import FAST_LIMIT
