@@ -30,7 +30,7 @@ from .core.streams import scope_for
 from .diagnostics import preflight
 from .diagnostics.flight_recorder import FlightRecorder
 from .errors import CommError, CommTimeoutError, PeerAbortedError, UsageError, bad_type, bad_value
-from .persistent import _SLOW, NO_LAST, FastCalls, Persistent
+from .persistent import _SLOW, NO_LAST, FastCalls, Persistent, PreparedP2P
 from .point_to_point import PointToPoint
 from .selection.selector import Selector
 from .subcommunicators import _SPLIT, SubCommunicators
@@ -88,6 +88,7 @@ class Communicator(PointToPoint, SubCommunicators):
         self._entry = None                 # flight-recorder entry of the running call
         self._plans: dict = {}            # call shape -> what _plan worked out for it
         self._fast = FastCalls()           # blocking window calls on buffers seen before (persistent.py)
+        self._p2p = PreparedP2P()          # send/recv calls on buffers seen before (persistent.py)
         self._devices: Optional[tuple] = None   # see ``devices``
         self._plans_for = self.selector
         self.debug = env.get("RINGCOMM_DEBUG")
@@ -167,12 +168,12 @@ class Communicator(PointToPoint, SubCommunicators):
         """Send x to rank ``dst``; matched by the receive of ``dst`` with the same tag, in order.
         As with MPI_Isend, ``x`` must not change until the send completes (``async_op``: until
         its Work's wait returns): a large send is read by the receiver straight from ``x``."""
-        return self._point_to_point(SEND.prepare(self, x, dst, tag), async_op)
+        return self._point_to_point(self._p2p.call(SEND, self, x, dst, tag), async_op)
 
     def recv(self, out, src, tag=0, *, async_op=False):
         """Receive into ``out`` from rank ``src`` (None: any rank; the blocking call then returns
         ``(out, source)`` and the Work has ``source``)."""
-        return self._point_to_point(RECV.prepare(self, out, src, tag), async_op)
+        return self._point_to_point(self._p2p.call(RECV, self, out, src, tag), async_op)
 
     # ---- sub-communicators ------------------------------------------------------------------------
     def split(self, color, key=0) -> Optional["Communicator"]:

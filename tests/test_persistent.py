@@ -330,3 +330,107 @@ def test_all_reduces_last_road_is_checked_and_forgotten_with_its_entry(monkeypat
         assert first == [3.0] * 8
         assert last is None
         assert x == [3.0 * 2 ** 3] * 8
+
+
+# ---- send and recv: prepared calls remembered (PreparedP2P) -------------------------------------
+
+def test_remembered_sends_and_receives_move_each_calls_data_and_are_taken():
+    """From the third call on the same buffers the prepared calls are reused; every call still
+    moves what the buffer holds then, torch tensors and numpy arrays alike."""
+    def body(comm):
+        peer = 1 - comm.rank
+        got = []
+        for make in (np.zeros, torch.zeros):
+            x, out = make(1000), make(1000)
+            for i in range(5):
+                x[:] = 100 * i + comm.rank
+                work = comm.send(x, peer, tag=3, async_op=True)
+                comm.recv(out, peer, tag=3)
+                work.wait()
+                got.append(float(out[0]) == 100 * i + peer and float(out[-1]) == 100 * i + peer)
+        return got, sorted(type(entry[1]).__name__ for entry in comm._p2p.calls.values())
+    for got, remembered in run_threads(2, body):
+        assert got == [True] * 10
+        assert remembered == ["Call"] * 4   # a send and a receive, numpy and torch
+
+
+def test_a_p2p_buffer_changed_since_it_was_remembered_takes_the_ordinary_road():
+    """A receive buffer made read-only, or a tensor re-pointed, after the memo took it: the ordinary
+    road's checks run again (the read-only one refused as it would be on a first call, the
+    re-pointed one written in its new memory)."""
+    def body(comm):
+        peer = 1 - comm.rank
+        out, t = np.zeros(64), torch.zeros(64)
+        for _ in range(3):
+            work = comm.send(np.full(64, 1.0 + comm.rank), peer, async_op=True)
+            comm.recv(out, peer)
+            work.wait()
+            work = comm.send(torch.full((64,), 1.0 + comm.rank), peer, async_op=True)
+            comm.recv(t, peer)
+            work.wait()
+        out.flags.writeable = False
+        refused = None
+        try:
+            comm.recv(out, peer)
+        except UsageError as err:
+            refused = str(err)
+        t.set_(torch.zeros(32))                    # re-pointed: the old memory must not be written
+        old = torch.zeros(64)
+        work = comm.send(torch.full((32,), 7.0 + comm.rank), peer, async_op=True)
+        comm.recv(t, peer)
+        work.wait()
+        return refused, t.tolist(), old.tolist()
+    for rank, (refused, t, old) in enumerate(run_threads(2, body)):
+        assert refused is not None and "writable" in refused and 'argument "out"' in refused
+        assert t == [7.0 + 1 - rank] * 32 and old == [0.0] * 64
+
+
+def test_a_remembered_peer_or_tag_passed_as_a_bool_is_still_refused():
+    """True == 1 hashes alike: the memo must not let a bool through that the ordinary road refuses."""
+    from ringcomm import ArgumentTypeError
+
+    def body(comm):
+        x = np.ones(8)
+        if comm.rank == 0:
+            for _ in range(3):
+                comm.send(x, 1, tag=1)
+            errors = []
+            for dst, tag in ((True, 1), (1, True)):
+                try:
+                    comm.send(x, dst, tag=tag)
+                except ArgumentTypeError as err:
+                    errors.append(str(err))
+            return errors
+        for _ in range(3):
+            comm.recv(x, 0, tag=1)
+        return None
+    errors = run_threads(2, body)[0]
+    assert len(errors) == 2 and '"dst"' in errors[0] and '"tag"' in errors[1]
+
+
+def test_the_p2p_memo_holds_few_buffers_and_no_large_or_one_off_ones():
+    from ringcomm.persistent import FAST_BYTES, FAST_ENTRIES, FAST_LIMIT
+
+    def body(comm):
+        peer, kept = 1 - comm.rank, []
+        for i in range(2 * FAST_ENTRIES + 4):     # distinct buffers, each three times
+            x = np.full(1 << 10, float(i))
+            for _ in range(3):
+                work = comm.send(x, peer, async_op=True)
+                comm.recv(x, peer)
+                work.wait()
+            kept.append(x)
+        entries, pinned = len(comm._p2p.calls), comm._p2p.pinned
+        big = np.zeros(FAST_LIMIT // 8 + 1)       # one element above the limit
+        staging = np.zeros(64)
+        for _ in range(3):
+            work = comm.send(big, peer, async_op=True)
+            comm.recv(big, peer)
+            work.wait()
+            work = comm.send(staging[:], peer, async_op=True)   # a fresh view per call
+            comm.recv(staging[:], peer)
+            work.wait()
+        bufs = [entry[0] for entry in comm._p2p.calls.values()]
+        return entries, pinned, any(b is big or b.base is staging for b in bufs)
+    for entries, pinned, held in run_threads(2, body):
+        assert entries == FAST_ENTRIES and pinned <= FAST_BYTES and not held
