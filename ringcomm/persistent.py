@@ -154,25 +154,67 @@ class WindowCall:
                            call.collective.describe_word, self.static, algorithms.window_names(call.collective.name))
 
 
-class FastCalls:
+class _Memo:
+    """What the two implicit memos share: calls remembered on the very buffer objects they ran
+    on, keyed by their arguments as passed. A call is remembered when it comes a second time on
+    the same buffers (``again``); the memo keeps its buffers alive, so it holds few and small
+    ones (FAST_ENTRIES calls, FAST_BYTES in all, none above FAST_LIMIT; the oldest go first)."""
+    __slots__ = ("calls", "pinned", "lock", "seen")
+
+    def __init__(self):
+        self.calls: dict = {}   # key -> [buffers as passed, what is remembered, bytes held]
+        self.pinned = 0
+        self.lock = threading.Lock()   # threads sharing the communicator may learn and forget at once
+        self.seen: dict = {}    # calls run once (key -> weak refs to their buffers): remembered if they come again
+
+    def again(self, key, objs: tuple) -> bool:
+        """Whether a call on these very buffers ran under ``key`` before; if not, note that it did.
+        A loop that passes a fresh view each time then pays a dict entry per call instead of
+        holding each view."""
+        try:
+            before = self.seen.get(key)
+            if before is None or before[0]() is not objs[0] or (len(objs) > 1 and before[1]() is not objs[1]):
+                if len(self.seen) >= 4 * FAST_ENTRIES:
+                    self.seen.clear()
+                # weak: a view made for one call dies with it, and a new one at its address (its id)
+                # must not count as the same buffer coming again
+                self.seen[key] = [_NONE if o is None else weakref.ref(o) for o in objs]
+                return False
+        except TypeError:   # an unhashable argument, or a buffer type without weak references
+            return False
+        return True
+
+    def keep(self, key, objs: tuple, value, held: int) -> None:
+        """Remember ``value`` for ``key``, forgetting the oldest calls while over the bounds."""
+        with self.lock:
+            self._drop(key)
+            while self.calls and (len(self.calls) >= FAST_ENTRIES or self.pinned + held > FAST_BYTES):
+                self._drop(next(iter(self.calls)))
+            self.calls[key] = [objs, value, held]
+            self.pinned += held
+
+    def _drop(self, key) -> Optional[list]:
+        entry = self.calls.pop(key, None)
+        if entry is not None:
+            self.pinned -= entry[2]
+        return entry
+
+
+class FastCalls(_Memo):
     """The implicit memo of the blocking collectives: window calls on buffers seen before.
 
     Keyed by the call's arguments as passed (the buffers' ids, op, root); a hit also checks that
     the buffers are the very objects remembered and still the memory that was validated. A call
     is remembered, as it was prepared and planned, when it comes a second time on the same
-    buffers, and its WindowCall is built when it comes a third. The memo keeps its buffers alive,
-    so it holds few and small ones (FAST_ENTRIES, FAST_LIMIT, FAST_BYTES)."""
-    __slots__ = ("calls", "pinned", "lock", "seen", "last")
+    buffers, and its WindowCall is built when it comes a third."""
+    __slots__ = ("last",)
 
     def __init__(self):
-        self.calls: dict = {}   # key -> [buffers as passed, WindowCall or its arguments, bytes held]
+        super().__init__()   # calls: key -> [buffers as passed, WindowCall or its arguments, bytes held]
         # (x, op, WindowCall) of the last all_reduce found here: the next call of a loop is that
         # one again, and checking so costs less than building and hashing its key (a 1 KiB call
         # is ~7 us, the key and lookup ~0.5 of it). Forgotten with its entry.
         self.last: tuple = NO_LAST
-        self.pinned = 0
-        self.lock = threading.Lock()   # threads sharing the communicator may learn and forget at once
-        self.seen: dict = {}    # calls run once (key -> weak refs to their buffers): remembered if they come again
 
     def get(self, key, objs) -> Optional[WindowCall]:
         try:
@@ -195,44 +237,27 @@ class FastCalls:
 
     def remember(self, key, objs, comm, call) -> None:
         """Remember a call just run, if it ran on these very buffers before and may take the fast
-        road next time (``fast_road``). A loop that passes a fresh view each time then pays a dict
-        entry per call instead of holding each view and building a road it never takes."""
+        road next time (``fast_road``), without building a road it would never take."""
         if too_large(comm, call):
             # Never on the fast road: planning it anyway cost a 4 MiB all_to_all 10 us of its ~400
             # (the caches are cold from the copies then).
             return
-        try:
-            before = self.seen.get(key)
-            if before is None or before[0]() is not objs[0] or (len(objs) > 1 and before[1]() is not objs[1]):
-                if len(self.seen) >= 4 * FAST_ENTRIES:
-                    self.seen.clear()
-                # weak: a view made for one call dies with it, and a new one at its address (its id)
-                # must not count as the same buffer coming again
-                self.seen[key] = [_NONE if o is None else weakref.ref(o) for o in objs]
-                return
-        except TypeError:   # an unhashable argument, or a buffer type without weak references
+        if not self.again(key, objs):
             return
         plan = comm._plan_for(call, None)
         held = fast_road(comm, call, plan)
-        if held is None:
-            return
-        with self.lock:
-            self._drop(key)
-            while self.calls and (len(self.calls) >= FAST_ENTRIES or self.pinned + held > FAST_BYTES):
-                self._drop(next(iter(self.calls)))
+        if held is not None:
             # the guard now, while the buffers are what the call validated (the road is built later)
-            self.calls[key] = [objs, (comm, call, plan, guard_of(call)), held]
-            self.pinned += held
+            self.keep(key, objs, (comm, call, plan, guard_of(call)), held)
 
-    def _drop(self, key) -> None:
-        entry = self.calls.pop(key, None)
-        if entry is not None:
-            self.pinned -= entry[2]
-            if self.last[2] is entry[1]:
-                self.last = NO_LAST
+    def _drop(self, key) -> Optional[list]:
+        entry = super()._drop(key)
+        if entry is not None and self.last[2] is entry[1]:
+            self.last = NO_LAST
+        return entry
 
 
-class PreparedP2P:
+class PreparedP2P(_Memo):
     """The implicit memo of ``comm.send`` and ``comm.recv``: their prepared calls, on buffers seen
     before. A send or receive has no plan to skip, but its argument checks and its Call cost
     ~1.5 us each, and more with the caches cold from the previous message's copy: remembered, a
@@ -242,55 +267,27 @@ class PreparedP2P:
     same buffer object (still the memory it was validated as: ``guard_of``), peer and tag.
 
     The peer and the tag are part of the key only when they are plain ints (or a receive's None):
-    True == 1 and hashes alike, but the ordinary road refuses a bool. Like FastCalls, a call is
-    remembered when its buffer comes a second time (weak references tell a new view at an old
-    address apart), only on host memory, up to FAST_LIMIT bytes, and the memo holds the buffers
-    of at most FAST_ENTRIES calls and FAST_BYTES alive."""
-    __slots__ = ("calls", "seen", "pinned", "lock")
-
-    def __init__(self):
-        self.calls: dict = {}   # key -> (buffer as passed, prepared Call, its guard, bytes held)
-        self.seen: dict = {}    # key -> weak reference to the buffer of a call run once
-        self.pinned = 0
-        self.lock = threading.Lock()   # threads sharing the communicator may learn at once
+    True == 1 and hashes alike, but the ordinary road refuses a bool. Remembered, like FastCalls,
+    when the buffer comes a second time, and only on host memory."""
+    __slots__ = ()
 
     def call(self, collective, comm, buf, peer, tag):
         """``collective.prepare(comm, buf, peer, tag)``, or the same call prepared before."""
         if type(tag) is not int or (type(peer) is not int and peer is not None):
             return collective.prepare(comm, buf, peer, tag)
         key = (collective.code, id(buf), peer, tag)
-        hit = self.calls.get(key)
-        if hit is not None and hit[0] is buf and hit[2]():
-            return hit[1]
+        hit = self.calls.get(key)   # [(buffer,), (prepared Call, its guard), bytes held]
+        if hit is not None and hit[0][0] is buf:
+            call, valid = hit[1]
+            if valid():
+                return call
+            with self.lock:
+                self._drop(key)   # changed since: the ordinary checks judge it again
         call = collective.prepare(comm, buf, peer, tag)
-        self._learn(key, buf, call)
+        if call.device == "cpu" and not too_large(comm, call) and self.again(key, (buf,)):
+            data = call.inp if call.inp is not None else call.out
+            self.keep(key, (buf,), (call, guard_of(call)), data.flat.nbytes)
         return call
-
-    def _learn(self, key, buf, call) -> None:
-        data = call.inp if call.inp is not None else call.out
-        held = data.flat.nbytes
-        if data.device != "cpu" or held > FAST_LIMIT:
-            return
-        with self.lock:
-            self._drop(key)   # a stale entry: another buffer at this id, or one that changed
-            before = self.seen.get(key)
-            try:
-                if before is None or before() is not buf:
-                    if len(self.seen) >= 4 * FAST_ENTRIES:
-                        self.seen.clear()
-                    self.seen[key] = weakref.ref(buf)
-                    return
-            except TypeError:   # a buffer type without weak references
-                return
-            while self.calls and (len(self.calls) >= FAST_ENTRIES or self.pinned + held > FAST_BYTES):
-                self._drop(next(iter(self.calls)))
-            self.calls[key] = (buf, call, guard_of(call), held)
-            self.pinned += held
-
-    def _drop(self, key) -> None:
-        entry = self.calls.pop(key, None)
-        if entry is not None:
-            self.pinned -= entry[3]
 
 
 def too_large(comm, call) -> bool:

@@ -348,7 +348,7 @@ def test_remembered_sends_and_receives_move_each_calls_data_and_are_taken():
                 comm.recv(out, peer, tag=3)
                 work.wait()
                 got.append(float(out[0]) == 100 * i + peer and float(out[-1]) == 100 * i + peer)
-        return got, sorted(type(entry[1]).__name__ for entry in comm._p2p.calls.values())
+        return got, sorted(type(entry[1][0]).__name__ for entry in comm._p2p.calls.values())
     for got, remembered in run_threads(2, body):
         assert got == [True] * 10
         assert remembered == ["Call"] * 4   # a send and a receive, numpy and torch
@@ -430,7 +430,7 @@ def test_the_p2p_memo_holds_few_buffers_and_no_large_or_one_off_ones():
             work = comm.send(staging[:], peer, async_op=True)   # a fresh view per call
             comm.recv(staging[:], peer)
             work.wait()
-        bufs = [entry[0] for entry in comm._p2p.calls.values()]
+        bufs = [entry[0][0] for entry in comm._p2p.calls.values()]
         return entries, pinned, any(b is big or b.base is staging for b in bufs)
     for entries, pinned, held in run_threads(2, body):
         assert entries == FAST_ENTRIES and pinned <= FAST_BYTES and not held
