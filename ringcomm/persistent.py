@@ -32,7 +32,6 @@ from typing import Optional
 import numpy as np
 
 from . import algorithms
-from .algorithms._planned import run as planned_round
 from .algorithms.one_shot import OneShot, compiled_round
 from .core.envelope import Envelope, op_code, window_stamp
 from .core.executor import WindowGuard
@@ -80,7 +79,7 @@ def guard_of(call):
 class WindowCall:
     """One window collective on fixed buffers, run inline with nothing but its rounds."""
     __slots__ = ("comm", "call", "valid", "inp", "out", "algorithm", "name", "reducer", "shape", "static",
-                 "count", "word", "dname", "code", "finish", "window", "core", "plan")
+                 "count", "word", "dname", "code", "finish", "window", "core", "road")
 
     def __init__(self, comm, call, plan, valid=None):
         self.comm, self.call = comm, call
@@ -97,10 +96,10 @@ class WindowCall:
         if window is not None and window.core is not None and isinstance(plan.window, OneShot) \
                 and plan.reduce.code >= 0 and type(flat) is np.ndarray and flat.nbytes <= window.capacity:
             self.core = window.core
-        # The other one-round window calls the core runs from a plan (algorithms/_planned.py),
-        # asked for once: it depends on nothing a valid call can change.
-        self.plan = None if self.core is not None or window is None else \
-            plan.window.planned(window, self.inp, self.out, plan.shape, plan.reduce, plan.word)
+        # The other window calls the core runs whole (one round from a plan, algorithms/_planned.py;
+        # the direct all-to-all's two), asked for once: it depends on nothing a valid call can change.
+        self.road = None if self.core is not None or window is None else \
+            plan.window.road(window, self.inp, self.out, plan.shape, plan.reduce, plan.word)
 
     def run(self):
         """The result, or _SLOW when the ordinary road must take the call (something is queued,
@@ -124,8 +123,8 @@ class WindowCall:
             if self.core is not None:
                 compiled_round(self.window, self.core, self.inp, self.out, self.reducer.code, stamp, 0,
                                self._trouble, 0, 1)
-            elif self.plan is not None:
-                planned_round(self.window, self.inp, self.out, *self.plan, stamp, self.word, self._trouble)
+            elif self.road is not None:
+                self.road(stamp, self.word, self._trouble)
             else:
                 self.algorithm.run(self.window, self.inp, self.out, self.shape, self.reducer, stamp,
                                    self.word, self._trouble)

@@ -309,14 +309,20 @@ def test_the_core_refuses_a_malformed_plan():
 
 
 def test_repeated_calls_take_the_planned_round_from_the_memo(monkeypatch):
-    # The memo's road (persistent.WindowCall) asks for the plan once and runs it straight away.
+    # The memo's road (persistent.WindowCall) asks for the plan once and runs it straight away:
+    # every call runs the compiled round, and only the ordinary road's two calls and the road's
+    # building ask for a plan.
     monkeypatch.setenv("RINGCOMM_COMPILED", "1")
     monkeypatch.setenv("RINGCOMM_ALGO", "broadcast=one_shot,all_gather=one_shot,all_to_all=one_shot,"
                                         "reduce_scatter=one_shot")
-    from ringcomm import persistent
-    taken = []
-    run = persistent.planned_round
-    monkeypatch.setattr(persistent, "planned_round", lambda window, *a: (taken.append(window.rank), run(window, *a)))
+    from ringcomm.algorithms import _planned, base
+    taken, asked = [], []
+    run = _planned.run
+    monkeypatch.setattr(_planned, "run", lambda window, *a: (taken.append(window.rank), run(window, *a)))
+    planned = {cls: cls.planned for cls in _planned_algorithms(base.PlannedAlgorithm)}
+    for cls, plan in planned.items():
+        monkeypatch.setattr(cls, "planned", lambda self, window, *a, plan=plan: (asked.append(window.rank),
+                                                                                  plan(self, window, *a))[1])
 
     def fn(comm):
         x, out, part = np.zeros(8, np.float32), np.zeros(24, np.float32), np.zeros(8, np.float32)
@@ -332,7 +338,15 @@ def test_repeated_calls_take_the_planned_round_from_the_memo(monkeypatch):
             comm.all_to_all(out, blocks)
             assert (out == np.repeat(np.arange(3, dtype=np.float32) * 10 + comm.rank + step, 8)).all()
     run_threads(3, fn)
-    assert len(taken) == 3 * 4 * 2   # 3 ranks x 4 collectives x the third and fourth calls
+    assert len(taken) == 3 * 4 * 4   # 3 ranks x 4 collectives x every call
+    assert len(asked) == 3 * 4 * 3   # the first two calls, and the road built at the third
+
+
+def _planned_algorithms(cls) -> list:
+    found = [cls] if "planned" in vars(cls) else []
+    for sub in cls.__subclasses__():
+        found += _planned_algorithms(sub)
+    return found
 
 
 def test_the_direct_round_reads_and_stops_where_python_must_take_over():

@@ -10,9 +10,10 @@ them against each other.
 """
 from __future__ import annotations
 
+import functools
 import math
 from abc import ABC, abstractmethod
-from typing import Optional
+from typing import Callable, Optional
 
 from ..core.schedule import Program, Shape
 from ..selection.cost import Network
@@ -69,6 +70,13 @@ class WindowAlgorithm(ABC):
         (algorithms/_planned.py), else None (``run``'s arguments). The same for every call of
         these buffers, shape and word, so a persistent call asks once."""
         return None
+
+    def road(self, window, src, dst, shape: Shape, reducer, word: int) -> Optional[Callable]:
+        """The whole call as ``road(stamp, word, trouble)`` when the compiled core runs it with
+        nothing left to decide per call (a persistent call asks once, persistent.WindowCall),
+        else None: by default the one round of ``planned``."""
+        planned = self.planned(window, src, dst, shape, reducer, word)
+        return None if planned is None else functools.partial(_planned.run, window, src, dst, *planned)
 
     def cost(self, nbytes: int, net: Network) -> float:
         """Predicted seconds; infinite where ``net`` has no window (or, for a direct algorithm, no

@@ -18,7 +18,7 @@ from where the compiled call stopped, which explains it.
 """
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import lru_cache, partial
 
 import numpy as np
 
@@ -47,41 +47,63 @@ class DirectAllToAll(WindowAlgorithm):
         return True   # counts differ per rank: a rank with nothing to move still takes part
 
     def run(self, window, src, dst, shape, reducer, stamp, word, trouble) -> None:
-        n, me = window.size, window.rank
+        me = window.rank
+        if shape.counts[me] != shape.recv_counts[me]:
+            raise MismatchError(f"all_to_all on rank {me}: this rank's block to itself has {shape.counts[me]} "
+                                f"elements in x and {shape.recv_counts[me]} in out")
+        road = self.road(window, src, dst, shape, reducer, word)
+        if road is not None:
+            road(stamp, word, trouble)
+            return
         sends, recvs = shape.counts, shape.recv_counts
-        if sends[me] != recvs[me]:
-            raise MismatchError(f"all_to_all on rank {me}: this rank's block to itself has {sends[me]} "
-                                f"elements in x and {recvs[me]} in out")
-        core = window.direct_core
-        if core is not None and _planned.usable(window, src, dst):
-            k = window.round + 1
-            status = core.direct(k, src, dst, _plan(shape, me, dst.itemsize), stamp, word, window.spin)
-            window.round = k if status in (POSTED, CHECK) else k + 1
-            if status == DONE:
-                return
-            if status == READ:
-                settle(window, k + 1, stamp, word, trouble, 1, 2)
-                return
-            if status == POSTED:
-                settle(window, k, stamp, word, trouble, 0, 2)
-            slots = [tuple(v.tolist()) for v in window.views(k, ADDRESS, 1 + 2 * n)]
-            roff = offsets(recvs)
-        else:
-            soff, roff = offsets(sends), offsets(recvs)
-            table = [address(src)] + [v for pair in zip(soff, sends) for v in pair]
+        soff, roff = offsets(sends), offsets(recvs)
+        table = [address(src)] + [v for pair in zip(soff, sends) for v in pair]
 
-            def own_block():   # needs no peer: copied while they post their addresses, not after
-                # (a 1 MiB call on 2 ranks spent 9 us waiting there, and 21 copying)
-                dst[roff[me]:roff[me] + recvs[me]] = src[soff[me]:soff[me] + sends[me]]
-            slots = exchange_words(window, stamp, word, trouble, table, 2, meanwhile=own_block)
-        for j in range(n):
-            theirs = slots[j][2 + 2 * me]
-            if theirs != recvs[j]:
-                raise MismatchError(f"all_to_all on rank {me}: rank {j} sends {theirs} elements to this rank, "
-                                    f"which expects {recvs[j]} from it (out_splits)")
-            if theirs and j != me:
-                window.reader(j, slots[j][0] + slots[j][1 + 2 * me] * dst.itemsize, dst[roff[j]:roff[j] + theirs])
-        sync(window, stamp, word, trouble, 1, 2)
+        def own_block():   # needs no peer: copied while they post their addresses, not after
+            # (a 1 MiB call on 2 ranks spent 9 us waiting there, and 21 copying)
+            dst[roff[me]:roff[me] + recvs[me]] = src[soff[me]:soff[me] + sends[me]]
+        _read_peers(window, dst, shape, exchange_words(window, stamp, word, trouble, table, 2, meanwhile=own_block),
+                    stamp, word, trouble)
+
+    def road(self, window, src, dst, shape, reducer, word):
+        # A persistent call builds this once (persistent.WindowCall): the plan's lookup and the
+        # checks above were a tenth of a remembered 1 MiB call's Python, with the caches cold.
+        core, me = window.direct_core, window.rank
+        if core is None or shape.counts[me] != shape.recv_counts[me] or not _planned.usable(window, src, dst):
+            return None
+        return partial(_compiled, window, core, src, dst, shape, _plan(shape, me, dst.itemsize))
+
+
+def _compiled(window, core, src, dst, shape, plan: bytes, stamp: int, word: int, trouble) -> None:
+    """Both rounds in one compiled call; from where it stopped (a late peer, a mismatch, a read
+    the kernel refused), the Python road's waits and reads, which explain it."""
+    k = window.round + 1
+    status = core.direct(k, src, dst, plan, stamp, word, window.spin)
+    window.round = k if status in (POSTED, CHECK) else k + 1
+    if status == DONE:
+        return
+    if status == READ:
+        settle(window, k + 1, stamp, word, trouble, 1, 2)
+        return
+    if status == POSTED:
+        settle(window, k, stamp, word, trouble, 0, 2)
+    slots = [tuple(v.tolist()) for v in window.views(k, ADDRESS, 1 + 2 * window.size)]
+    _read_peers(window, dst, shape, slots, stamp, word, trouble)
+
+
+def _read_peers(window, dst, shape, slots: list, stamp: int, word: int, trouble) -> None:
+    """Read from each peer the block it holds for this rank (after checking its length, posted in
+    ``slots``), then the second round."""
+    me, recvs = window.rank, shape.recv_counts
+    roff = offsets(recvs)
+    for j in range(window.size):
+        theirs = slots[j][2 + 2 * me]
+        if theirs != recvs[j]:
+            raise MismatchError(f"all_to_all on rank {me}: rank {j} sends {theirs} elements to this rank, "
+                                f"which expects {recvs[j]} from it (out_splits)")
+        if theirs and j != me:
+            window.reader(j, slots[j][0] + slots[j][1 + 2 * me] * dst.itemsize, dst[roff[j]:roff[j] + theirs])
+    sync(window, stamp, word, trouble, 1, 2)
 
 
 DONE, POSTED, CHECK, READ = range(4)   # what the compiled call did (core/_round.c, direct_rounds)

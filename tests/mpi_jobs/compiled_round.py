@@ -151,6 +151,28 @@ if recorder is not None:
     assert 1 in seen and seen <= {0, 1, 3}, f"rank {rank}: the compiled direct calls did {recorder.statuses}"
     assert rank == 0 or 3 in seen, f"rank {rank}: no call waited in round 2: {recorder.statuses}"
 
+# The memo's road (persistent.WindowCall): blocking calls on the same buffers run, from the third
+# on, the compiled direct call straight from the road built once; a peer late in the fifth stops
+# it where the Python waits take over; every call moves its own data.
+comm.selector.forced["all_to_all"] = "direct"
+x, out = np.empty(size * 4096, np.float32), np.empty(size * 4096, np.float32)
+before = len(recorder.statuses) if recorder is not None else 0
+for i in range(6):
+    x[...] = np.concatenate([sent(rank, j, 4096, np.float32) + i for j in range(size)])
+    if i == 4 and rank == 1 % size:
+        time.sleep(0.02)
+    comm.all_to_all(out, x)
+    expected = np.concatenate([sent(j, rank, 4096, np.float32) + i for j in range(size)])
+    assert out.tobytes() == expected.tobytes(), f"remembered direct all_to_all, call {i}"
+    checks += 1
+road = comm._fast.calls[("all_to_all", id(out), id(x))][1]
+assert type(road).__name__ == "WindowCall" and (road.road is not None) == (recorder is not None), road
+if recorder is not None:
+    statuses = recorder.statuses[before:]
+    assert len(statuses) == 6 and set(statuses) <= {0, 1, 3}, f"rank {rank}: {statuses}"
+    assert rank == 1 % size or statuses[4] == 1, f"rank {rank}: the late peer's call did {statuses[4]}"
+del comm.selector.forced["all_to_all"]
+
 # The rounds cost differently, so the job prices the Python rounds wherever one rank runs them
 # (agreement.py): every rank then chooses the same algorithm for every call, with or without a
 # tuning file that prices the compiled round (with one, a rank without it chose otherwise, and
