@@ -24,6 +24,8 @@ i32 = np.zeros(8, np.int32)
 CASES = [
     # (call, error type, words the message must contain)
     (lambda c: c.all_reduce(torch.ones(4, 4).t()), UsageError, ['"x"', "contiguous", "strides"]),
+    (lambda c: c.all_reduce(torch.ones(4).to_sparse()), UsageError, ['"x"', "dense", "sparse_coo"]),
+    (lambda c: c.broadcast(torch.ones(4, 4).to_sparse_csr()), UsageError, ['"x"', "dense", "sparse_csr"]),
     (lambda c: c.all_reduce(np.ones((4, 4))[:, ::2]), UsageError, ['"x"', "contiguous"]),
     (lambda c: c.all_reduce(np.ones(4, np.uint16)), ArgumentTypeError, ['"x"', "uint16"]),
     (lambda c: c.all_reduce(torch.ones(4, dtype=torch.complex64)), ArgumentTypeError, ['"x"', "complex64"]),

@@ -58,6 +58,43 @@ def test_an_op_the_dtype_cannot_take_is_named_not_shown_as_an_object():
     run_threads(2, body)
 
 
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
+def test_sparse_tensors_are_refused_by_layout_except_all_reduces_coo_sum():
+    """gloo sums sparse COO tensors and nothing else sparse; so does ringcomm, and it names the
+    layout of what it refuses instead of a torch error from inside a copy."""
+    def body(comm):
+        pg = group_of(comm)
+        summed = torch.eye(3).to_sparse()
+        pg.allreduce([summed], opts()).wait()
+        refused = []
+        for call in (lambda: pg.allreduce([torch.eye(3).to_sparse_csr()], opts()),
+                     lambda: pg.broadcast([torch.eye(3).to_sparse()], dist.BroadcastOptions())):
+            with pytest.raises(UsageError, match=r'"tensor" \(expected a dense tensor.*a torch\.sparse_(csr|coo) '):
+                call()
+            refused.append(True)
+        return summed.to_dense().tolist(), refused
+    for summed, refused in run_threads(2, body):
+        assert summed == (2 * torch.eye(3)).tolist() and refused == [True, True]
+
+
+def test_sparse_all_reduce_of_tensors_that_differ_raises_on_every_rank():
+    """Ranks whose sparse tensors differ in shape or dtype would sum each other's entries at
+    indices that mean something else: MismatchError on every rank, and the group still works."""
+    def body(comm):
+        pg = group_of(comm)
+        errors = []
+        dtype = [torch.float32, torch.float64][comm.rank]
+        for t in (torch.eye(3 + comm.rank).to_sparse(), torch.eye(3, dtype=dtype).to_sparse()):
+            with pytest.raises(MismatchError, match=f"rank {1 - comm.rank}'s tensor differs from this rank's") as info:
+                pg.allreduce([t], opts()).wait()
+            errors.append(str(info.value))
+        same = torch.eye(3).to_sparse()
+        pg.allreduce([same], opts()).wait()
+        return errors, same.to_dense().tolist()
+    for errors, same in run_threads(2, body):
+        assert len(errors) == 2 and same == (2 * torch.eye(3)).tolist()
+
+
 @pytest.mark.parametrize("blocking", [False, True])
 def test_a_mismatch_raises_from_wait_and_from_the_future(blocking):
     def body(comm):

@@ -83,7 +83,13 @@ def _torch_buffer(x, collective: str, argument: str) -> Buffer:
     name = _torch_dtype_names().get(x.dtype)
     if name is None:
         raise bad_type(collective, argument, f"a tensor of dtype {_SUPPORTED}", f"dtype {x.dtype}")
-    if not x.is_contiguous():
+    try:
+        contiguous = x.is_contiguous()
+    except RuntimeError:   # sparse CSR, CSC and BSR tensors have no strides to ask about
+        contiguous = False
+    if not contiguous:
+        if x.layout is not _torch().strided:   # a sparse COO tensor says "not contiguous": name the real reason
+            raise bad_value(collective, argument, "a dense tensor (call .to_dense() first)", f"a {x.layout} tensor")
         raise bad_value(collective, argument, "a contiguous tensor (call .contiguous() first)",
                         f"a non-contiguous tensor with strides {tuple(x.stride())}")
     if x.is_cpu:

@@ -29,6 +29,7 @@ named as torch's gloo names its ranges ("gloo:all_reduce").
 from __future__ import annotations
 
 import math
+import zlib
 from typing import Callable, Optional
 
 import torch
@@ -38,7 +39,7 @@ from torch._C._distributed_c10d import (AllgatherOptions, AllreduceCoalescedOpti
                                         ScatterOptions)
 
 from ..core.ops import premul_sum
-from ..errors import UsageError, bad_value
+from ..errors import MismatchError, UsageError, bad_value
 from ..work import Work as RingcommWork
 from .autoregister import BACKEND
 from .torch_groups import Shared, forget_world, group_on, init_process_group, register  # noqa: F401
@@ -238,12 +239,21 @@ class RingcommProcessGroup(dist.ProcessGroup):
         indices, values = local.indices().contiguous(), local.values().contiguous()
         result = []
 
+        # What every rank's tensor must share, as one number: ranks whose shapes differed would
+        # otherwise sum each other's entries at indices that mean something else, or past the end.
+        kind = zlib.crc32(repr((tuple(t.shape), t.sparse_dim(), str(t.dtype))).encode())
+
         def run(async_op=True):
             comm, n = self.comm, self._size
-            counts = torch.zeros(n, dtype=torch.int64)
-            counts[self._rank] = indices.shape[1]
-            comm.all_gather(raw(counts), raw(counts[self._rank:self._rank + 1].clone()))
-            nnz = counts.tolist()
+            table = torch.zeros(n, 2, dtype=torch.int64)   # per rank: its entries, its kind
+            table[self._rank] = torch.tensor([indices.shape[1], kind])
+            comm.all_gather(raw(table), raw(table[self._rank].clone()))
+            nnz, kinds = table[:, 0].tolist(), table[:, 1].tolist()
+            odd = [r for r in range(n) if kinds[r] != kind]
+            if odd:
+                raise MismatchError(f"sparse all_reduce on rank {self._rank}: rank {odd[0]}'s tensor differs from "
+                                    f"this rank's (shape {tuple(t.shape)}, {t.sparse_dim()} sparse dims, {t.dtype}) "
+                                    f"in shape, sparse dims or dtype")
             parts = []
             # Entry by entry: indices as (nnz, sparse_dim) rows, values as (nnz, *dense) rows.
             for rows in (indices.t().contiguous(), values):
@@ -254,7 +264,7 @@ class RingcommProcessGroup(dist.ProcessGroup):
                 parts.append(out)
             all_indices = parts[0].view(torch.int64).view(-1, indices.shape[0]).t()
             all_values = parts[1].view(values.dtype).view(-1, *values.shape[1:])
-            result.append(torch.sparse_coo_tensor(all_indices, all_values, t.shape).coalesce())
+            result.append(torch.sparse_coo_tensor(all_indices, all_values, t.shape, check_invariants=False).coalesce())
             done = RingcommWork(f"sparse all_reduce on rank {self._rank}")
             done._finish(result[0])
             return done

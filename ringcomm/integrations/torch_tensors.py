@@ -16,6 +16,8 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
+from ..errors import bad_value
+
 # numpy views made here, not with Tensor.numpy(): that marks the storage non-resizable for good,
 # and torch's batched PowerSGD hook resizes DDP's bucket in place.
 NUMPY = {torch.float16: np.float16, torch.float32: np.float32, torch.float64: np.float64, torch.int8: np.int8,
@@ -68,7 +70,17 @@ def alike(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return x.detach().to(like.device).contiguous()
 
 
+def dense(t: torch.Tensor) -> torch.Tensor:
+    """``t``, a dense tensor; a sparse one is refused here, naming its layout, rather than by a
+    torch error from deep inside a copy (only all_reduce takes sparse COO: its sum, as gloo's)."""
+    if t.layout is not torch.strided:
+        raise bad_value("ringcomm process group", "tensor", "a dense tensor (sparse: COO, to all_reduce's sum only)",
+                        f"a {t.layout} tensor")
+    return t
+
+
 def accepts(comm, t: torch.Tensor) -> bool:
+    dense(t)
     on_device = t.device.type == "cpu" or t.device.type in getattr(comm, "devices", ("cpu",))
     return on_device and t.is_contiguous()
 
@@ -84,7 +96,7 @@ def staged(comm, t: torch.Tensor) -> tuple:
 
 def host_input(t: torch.Tensor) -> torch.Tensor:
     """A contiguous host tensor holding ``t``'s values (``t`` itself when it already is one)."""
-    return t.detach().to("cpu").contiguous()
+    return dense(t).detach().to("cpu").contiguous()
 
 
 def as_bytes(t: torch.Tensor) -> torch.Tensor:
