@@ -45,6 +45,11 @@ class DistributedDataParallel(nn.Module):
         for n, p in named:
             if p.is_sparse or p.layout != torch.strided:
                 raise bad_value(NAME, "module", "dense (strided) parameters", f"{n} with layout {p.layout}")
+        # Parameters whose gradients are sparse rows (embeddings with sparse=True, as torch's DDP
+        # finds them) are summed apart at the end of backward, in no bucket (reducer.py).
+        sparse = {id(p) for m in module.modules() if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.sparse
+                  for p in m.parameters(recurse=False)}
+        self._dense = [k for k, (_, p) in enumerate(named) if id(p) not in sparse]
         self.module = module
         self.comm = comm
         self.broadcast_buffers = broadcast_buffers
@@ -56,11 +61,13 @@ class DistributedDataParallel(nn.Module):
         self._hook = comm_hooks.allreduce_hook
         # Replicas start from rank 0's state, whatever each rank initialised.
         broadcast_tensors(comm, [p.data for p in module.parameters()] + [b.data for b in module.buffers()])
-        self.reducer = Reducer(comm, [p for _, p in named], [n for n, _ in named],
+        dense = [named[k] for k in self._dense]
+        self.reducer = Reducer(comm, [p for _, p in dense], [n for n, _ in dense],
                                bucket_cap_mb=bucket_cap_mb, first_bucket_mb=first_bucket_mb,
                                find_unused_parameters=find_unused_parameters,
                                gradient_as_bucket_view=gradient_as_bucket_view,
-                               hook=self._hook, state=self._hook_state, timeline=self.timeline)
+                               hook=self._hook, state=self._hook_state, timeline=self.timeline,
+                               sparse=[(n, p) for n, p in named if id(p) in sparse])
 
     # ---- training-loop API ---------------------------------------------------------------------
     def forward(self, *args, **kwargs):
@@ -114,8 +121,9 @@ class DistributedDataParallel(nn.Module):
         return dict(self.reducer.stats)
 
     def bucket_members(self) -> list:
-        """Parameter indices (into the trainable parameters, in registration order) per bucket."""
-        return self.reducer.bucket_members()
+        """Parameter indices (into the trainable parameters, in registration order) per bucket;
+        sparse embeddings' weights are in none."""
+        return [[self._dense[i] for i in members] for members in self.reducer.bucket_members()]
 
     def write_timeline(self) -> Optional[str]:
         if self.timeline is None:

@@ -12,10 +12,16 @@ Life of one synchronised iteration:
    order, so this keeps every rank issuing the same sequence even when gradients arrive in a
    different order on different ranks. The comm hook returns at once (async Work on ringcomm's
    progress thread), so the reduction overlaps the rest of backward.
-4. ``_finalize`` (end of backward) waits for every bucket in order and writes the averages back
-   to ``.grad``. A parameter that got no gradient without find_unused_parameters is an error
+4. ``_finalize`` (end of backward) waits for every bucket in order, sums the gradients of sparse
+   embeddings (below), and writes the averages back to ``.grad``. A parameter that got no gradient without find_unused_parameters is an error
    naming it, raised only after every bucket was launched (missing slots zero) and drained, so
    all ranks issued the same collectives and none is left waiting.
+
+The weights of ``nn.Embedding`` and ``nn.EmbeddingBag`` with ``sparse=True`` get sparse COO
+gradients, which no bucket holds: at the end of backward each is summed over the ranks as torch's
+gloo sums a sparse all_reduce (ringcomm/integrations/torch_sparse.py: every rank's rows gathered,
+in rank order), in registration order, on every rank, even one with no gradient for it, and
+divided by the world size. They take no comm hook and no overlap with backward.
 
 After the first synchronised iteration the bucket order is rebuilt from the order in which
 gradients became ready; rank 0's order is broadcast so that every rank builds the same buckets.
@@ -31,6 +37,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from ringcomm.errors import UsageError
+from ringcomm.integrations.torch_sparse import sparse_sum
 
 from . import comm_hooks
 
@@ -134,8 +141,9 @@ class _Bucket:
 class Reducer:
     def __init__(self, comm, params: list, names: list, *, bucket_cap_mb: float, first_bucket_mb: float,
                  find_unused_parameters: bool, gradient_as_bucket_view: bool, hook: Callable, state,
-                 timeline=None):
+                 timeline=None, sparse: Sequence = ()):
         self.comm, self.params, self.names = comm, params, names
+        self.sparse = list(sparse)   # (name, parameter) of the sparse-gradient parameters, in no bucket
         self.cap_bytes = int(bucket_cap_mb * MiB)
         self.first_cap_bytes = int(first_bucket_mb * MiB)
         self.find_unused = find_unused_parameters
@@ -287,6 +295,10 @@ class Reducer:
     def _on_grad(self, param: torch.Tensor) -> None:
         self._start()
         i = self._index[id(param)]
+        if param.grad is not None and param.grad.layout is not torch.strided:
+            raise UsageError(f"DistributedDataParallel: parameter {self.names[i]} got a {param.grad.layout} "
+                             f"gradient; sparse gradients are reduced for the weights of nn.Embedding and "
+                             f"nn.EmbeddingBag with sparse=True, and every other gradient must be dense")
         if self._ready[i]:
             raise UsageError(f"DistributedDataParallel: parameter {self.names[i]} got a gradient twice "
                              f"in one backward (reentrant backward or a shared parameter used via "
@@ -347,6 +359,7 @@ class Reducer:
         for i in missing:
             self._view(i).zero_()
             self._mark_ready(i)
+        missing = [self.names[i] for i in missing] + [name for name, p in self.sparse if p.grad is None]
         if self.find_unused:
             missing = []
         t_wait = time.perf_counter()
@@ -361,11 +374,12 @@ class Reducer:
                 error = error or err
                 results.append(None)
         self._watch_q.join()
+        sums = self._sparse_sums() if error is None else []
         t_end = time.perf_counter()
         if error is not None:
             raise error
         if missing:
-            names = ", ".join(self.names[i] for i in missing)
+            names = ", ".join(missing)
             raise UsageError(
                 f"DistributedDataParallel: parameter(s) {names} received no gradient in this backward "
                 f"(.grad was left as it was; their slots went out as zeros so that no rank waits). "
@@ -373,8 +387,25 @@ class Reducer:
                 f"forward, or make the loss depend on them.")
         for b, result in zip(launched, results):
             self._write_back(self.buckets[b], result, self._divisors[b])
+        for (_, p), total in zip(self.sparse, sums):
+            p.grad = total.div_(self.comm.size).to(p.device)
         self._record(t_wait, t_end)
         self.iteration += 1
+
+    def _sparse_sums(self) -> list:
+        """Each sparse-gradient parameter's gradient summed over the ranks, in registration order
+        (a rank with no gradient for one adds no rows: every rank takes part in every sum)."""
+        sums = []
+        for name, p in self.sparse:
+            grad = p.grad
+            if grad is None:
+                grad = torch.sparse_coo_tensor(torch.empty(1, 0, dtype=torch.int64),
+                                               torch.empty(0, *p.shape[1:], dtype=p.dtype), p.shape,
+                                               check_invariants=False)
+            elif grad.layout is torch.strided:   # made dense by the caller: the same rows, as rows
+                grad = grad.to_sparse(1)
+            sums.append(sparse_sum(self.comm, grad, f"DistributedDataParallel: the gradient of {name}"))
+        return sums
 
     def _write_back(self, bucket: _Bucket, result, divisor: Optional[int] = None) -> None:
         """The bucket's reduced gradients into ``.grad``; ``divisor``: the bucket holds sums,

@@ -93,6 +93,7 @@ CASES = [
 ]
 
 
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
 @pytest.mark.parametrize("call,error,words", CASES, ids=[f"case{i}" for i in range(len(CASES))])
 def test_bad_input_raises_before_communicating(lone, call, error, words):
     with pytest.raises(error) as info:

@@ -302,3 +302,120 @@ def test_cuda_module():
     (g0, w0), (g1, w1) = run_threads(2, body)
     assert torch.equal(w0, w1) and torch.equal(g0, g1)
     torch.testing.assert_close(g0, torch.full((4, 16), 3.0))     # mean over ranks of 2 * (r + 1)
+
+
+class _Lookup(nn.Module):
+    """A sparse embedding (sparse row gradients) feeding a dense layer."""
+
+    def __init__(self, sparse=True):
+        super().__init__()
+        self.emb, self.head = nn.Embedding(12, 3, sparse=sparse), nn.Linear(3, 1)
+
+    def forward(self, ids, use_emb=True):
+        return self.head(self.emb(ids) if use_emb else torch.zeros(len(ids), 3)).sum()
+
+
+def _fixed(net: nn.Module) -> nn.Module:
+    """The same weights on every thread rank (torch's seed is one per process: threads that build
+    modules at once interleave their draws)."""
+    with torch.no_grad():
+        for k, p in enumerate(net.parameters()):
+            p.copy_(torch.linspace(-1, 1 + k, p.numel(), dtype=p.dtype).view_as(p))
+    return net
+
+
+def _ids(rank: int, step: int = 0) -> torch.Tensor:
+    return torch.tensor([rank, rank + 1, 7, (3 * rank + step) % 12])
+
+
+def test_sparse_embedding_gradients_are_averaged_as_sparse_rows_on_every_rank():
+    """Like torch's DDP: the embedding's gradient stays sparse, and equals the mean of every rank's
+    local gradient (computed here on each rank from every rank's ids), the same bits everywhere;
+    SparseAdam then keeps the replicas identical."""
+    world = 3
+
+    def body(comm):
+        net, reference = _fixed(_Lookup().double()), _fixed(_Lookup().double())
+        model = ddp.DistributedDataParallel(net, comm)
+        assert sorted(model.bucket_members()[0]) == [1, 2]   # the head's weight and bias; the embedding in none
+        model(_ids(comm.rank)).backward()
+        grad = net.emb.weight.grad
+        local = []
+        for r in range(world):
+            reference.zero_grad()
+            reference(_ids(r)).backward()
+            local.append(reference.emb.weight.grad.to_dense())
+        expected = sum(local) / world
+        sparse_adam = torch.optim.SparseAdam([net.emb.weight], lr=0.1)
+        for step in range(1, 4):
+            sparse_adam.step()
+            sparse_adam.zero_grad()
+            model(_ids(comm.rank, step)).backward()
+        return grad.layout, grad.to_dense(), expected, net.emb.weight.detach().clone(), net.head.weight.grad.clone()
+
+    results = run_threads(world, body)
+    for layout, grad, expected, _, _ in results:
+        assert layout is torch.sparse_coo
+        torch.testing.assert_close(grad, expected)
+    first = results[0]
+    for other in results[1:]:
+        assert torch.equal(other[1], first[1]) and torch.equal(other[3], first[3]) and torch.equal(other[4], first[4])
+
+
+def test_sparse_embedding_unused_on_one_rank():
+    """With find_unused_parameters, a rank that did not use the embedding adds no rows and still
+    gets the average; without it, that rank raises naming the embedding and the other finishes."""
+    def body(comm, find_unused):
+        net = _fixed(_Lookup())
+        model = ddp.DistributedDataParallel(net, comm, find_unused_parameters=find_unused)
+        outcome = "ok"
+        try:
+            model(_ids(comm.rank), use_emb=comm.rank == 0).backward()
+        except ringcomm.UsageError as err:
+            outcome = str(err)
+        x = torch.ones(2)
+        comm.all_reduce(x)   # every rank took part in every sum: still in step
+        grad = net.emb.weight.grad
+        return outcome, None if grad is None else grad.to_dense(), x.tolist()
+
+    (out0, g0, x0), (out1, g1, x1) = run_threads(2, lambda comm: body(comm, True))
+    assert out0 == out1 == "ok" and torch.equal(g0, g1) and x0 == x1 == [2.0, 2.0]
+    assert sorted(torch.nonzero(g0.abs().sum(1)).flatten().tolist()) == [0, 1, 7]   # rank 0's rows only
+    (out0, g0, x0), (out1, _, x1) = run_threads(2, lambda comm: body(comm, False), timeout=20)
+    assert out0 == "ok" and "emb.weight" in out1 and x0 == x1 == [2.0, 2.0], (out0, out1)
+
+
+def test_sparse_embedding_gradients_accumulate_under_no_sync():
+    def body(comm):
+        net = _fixed(_Lookup().double())
+        model = ddp.DistributedDataParallel(net, comm)
+        with model.no_sync():
+            model(_ids(comm.rank, 1)).backward()
+        model(_ids(comm.rank, 2)).backward()
+        return net.emb.weight.grad.to_dense()
+
+    def one_step(comm):   # the same two batches as one backward
+        net = _fixed(_Lookup().double())
+        model = ddp.DistributedDataParallel(net, comm)
+        (model(_ids(comm.rank, 1)) + net(_ids(comm.rank, 2))).backward()
+        return net.emb.weight.grad.to_dense()
+
+    for accumulated, together in zip(run_threads(2, body), run_threads(2, one_step)):
+        torch.testing.assert_close(accumulated, together)
+
+
+def test_a_sparse_gradient_outside_an_embedding_is_refused_by_name():
+    class Functional(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = nn.Parameter(torch.ones(5, 2))
+
+        def forward(self, ids):
+            return nn.functional.embedding(ids, self.table, sparse=True).sum()
+
+    def body(comm):
+        model = ddp.DistributedDataParallel(Functional(), comm)
+        with pytest.raises(ringcomm.UsageError, match=r"parameter table got a torch\.sparse_coo gradient"):
+            model(torch.tensor([1, 2])).backward()
+        return True
+    assert run_threads(1, body) == [True]

@@ -5,7 +5,7 @@ from mpi_util import run_mpi
 
 TRAIN_CHECKS = ["default", "bucket_view", "tiny_buckets", "seeded_differently", "no_sync",
                 "no_sync_bucket_view", "fp16_hook", "bf16_hook", "fp16_wrapper", "unused_found",
-                "unused_zero_grad", "unused_error", "rebuild_agreed"]
+                "unused_zero_grad", "unused_error", "rebuild_agreed", "sparse_embedding"]
 
 
 def _checks_passed(stdout: str, n: int, names: list) -> None:

@@ -29,7 +29,6 @@ named as torch's gloo names its ranges ("gloo:all_reduce").
 from __future__ import annotations
 
 import math
-import zlib
 from typing import Callable, Optional
 
 import torch
@@ -39,14 +38,15 @@ from torch._C._distributed_c10d import (AllgatherOptions, AllreduceCoalescedOpti
                                         ScatterOptions)
 
 from ..core.ops import premul_sum
-from ..errors import MismatchError, UsageError, bad_value
+from ..errors import UsageError, bad_value
 from ..work import Work as RingcommWork
 from .autoregister import BACKEND
 from .torch_groups import Shared, forget_world, group_on, init_process_group, register  # noqa: F401
 from .torch_monitored import barrier_seconds
 from .torch_p2p import P2PWork
+from .torch_sparse import sparse_sum
 from .torch_tensors import (NUMPY, alike, as_bytes, host_input, host_view, offsets_of, pack, raw, sizes_of, staged,
-                            unpack)
+                            uneven, unpack)
 from .torch_work import ABORT_GRACE, Combined, Pending, Work, begin_range, call_site, seconds
 
 RedOp = dist.ReduceOp.RedOpType
@@ -230,41 +230,13 @@ class RingcommProcessGroup(dist.ProcessGroup):
                             opts, [t])
 
     def _sparse_allreduce(self, tensors, t: torch.Tensor, op, opts):
-        """A sparse COO sum, as gloo offers: every rank gathers every rank's indices and values
-        (uneven all-gathers), concatenates them in rank order and coalesces, so every rank sums
-        the same entries in the same order; the result replaces ``t``'s contents."""
+        """A sparse COO sum, as gloo offers (torch_sparse.py); the result replaces ``t``'s contents."""
         if op != "sum":
             raise bad_value("allreduce", "op", "ReduceOp.SUM for a sparse tensor", f"ReduceOp.{str(op).upper()}")
-        local = t.detach().to("cpu").coalesce()
-        indices, values = local.indices().contiguous(), local.values().contiguous()
         result = []
 
-        # What every rank's tensor must share, as one number: ranks whose shapes differed would
-        # otherwise sum each other's entries at indices that mean something else, or past the end.
-        kind = zlib.crc32(repr((tuple(t.shape), t.sparse_dim(), str(t.dtype))).encode())
-
         def run(async_op=True):
-            comm, n = self.comm, self._size
-            table = torch.zeros(n, 2, dtype=torch.int64)   # per rank: its entries, its kind
-            table[self._rank] = torch.tensor([indices.shape[1], kind])
-            comm.all_gather(raw(table), raw(table[self._rank].clone()))
-            nnz, kinds = table[:, 0].tolist(), table[:, 1].tolist()
-            odd = [r for r in range(n) if kinds[r] != kind]
-            if odd:
-                raise MismatchError(f"sparse all_reduce on rank {self._rank}: rank {odd[0]}'s tensor differs from "
-                                    f"this rank's (shape {tuple(t.shape)}, {t.sparse_dim()} sparse dims, {t.dtype}) "
-                                    f"in shape, sparse dims or dtype")
-            parts = []
-            # Entry by entry: indices as (nnz, sparse_dim) rows, values as (nnz, *dense) rows.
-            for rows in (indices.t().contiguous(), values):
-                per_entry = math.prod(rows.shape[1:]) * rows.element_size()
-                sizes = [k * per_entry for k in nnz]
-                out = torch.empty(sum(sizes), dtype=torch.uint8)
-                comm.all_gather(raw(out), raw(as_bytes(rows)), counts=_uneven(sizes))
-                parts.append(out)
-            all_indices = parts[0].view(torch.int64).view(-1, indices.shape[0]).t()
-            all_values = parts[1].view(values.dtype).view(-1, *values.shape[1:])
-            result.append(torch.sparse_coo_tensor(all_indices, all_values, t.shape, check_invariants=False).coalesce())
+            result.append(sparse_sum(self.comm, t))
             done = RingcommWork(f"sparse all_reduce on rank {self._rank}")
             done._finish(result[0])
             return done
@@ -309,7 +281,7 @@ class RingcommProcessGroup(dist.ProcessGroup):
         self._count("allgather", f"output_tensors[{self._rank}]", outs[self._rank].numel(), x.numel())
         counts = sizes_of(outs)
         gathered = torch.empty(sum(counts), dtype=torch.uint8)
-        launch = _call(self.comm.all_gather, raw(gathered), raw(as_bytes(x)), counts=_uneven(counts))
+        launch = _call(self.comm.all_gather, raw(gathered), raw(as_bytes(x)), counts=uneven(counts))
         return self._submit("all_gather", [launch], outs, lambda: unpack(outs, gathered, offsets_of(counts)),
                             opts or AllgatherOptions(), [x])
 
@@ -327,7 +299,7 @@ class RingcommProcessGroup(dist.ProcessGroup):
         def finish():
             for r, outs in enumerate(output_lists):
                 unpack(outs, gathered[starts[r]:starts[r + 1]], offsets_of(sizes_of(outs)))
-        launch = _call(self.comm.all_gather, raw(gathered), raw(mine), counts=_uneven(counts))
+        launch = _call(self.comm.all_gather, raw(gathered), raw(mine), counts=uneven(counts))
         return self._submit("all_gather_coalesced", [launch], output_lists, finish, opts or AllgatherOptions(),
                             list(input_list))
 
@@ -377,7 +349,7 @@ class RingcommProcessGroup(dist.ProcessGroup):
         out_t, back = staged(self.comm, out)
         launch = _call(self.comm.reduce_scatter, host_view(out_t).reshape(-1),
                        host_view(alike(buffer.view(out.dtype), out_t)),
-                       op=op, counts=_uneven(counts))
+                       op=op, counts=uneven(counts))
         return self._submit("reduce_scatter", [launch], [out], back, opts, chunks)
 
     def reduce_scatter_single(self, output, input, opts=None):
@@ -567,9 +539,4 @@ class RingcommProcessGroup(dist.ProcessGroup):
     def merge_remote_group(self, *args, **kwargs):
         raise UsageError("merge_remote_group: the \"ringcomm\" backend cannot join ranks outside this job's "
                          "world (its communicators are made from the world's transports)")
-
-
-def _uneven(counts: list) -> Optional[list]:
-    """``counts`` when they differ by rank, else None (even calls may use every algorithm)."""
-    return None if len(set(counts)) <= 1 else counts
 

@@ -144,3 +144,9 @@ def run_all(callbacks: list) -> Optional[Callable]:
         for c in todo:
             c()
     return run
+
+
+def uneven(counts: list) -> Optional[list]:
+    """``counts`` for an all_gather or reduce_scatter when they differ by rank, else None (even
+    calls may use every algorithm)."""
+    return None if len(set(counts)) <= 1 else counts

@@ -133,6 +133,43 @@ train("fp16_hook", hook=ddp.fp16_compress_hook, tol=2e-3)
 train("bf16_hook", hook=ddp.bf16_compress_hook, tol=2e-2)
 train("fp16_wrapper", hook=ddp.fp16_compress_wrapper(ddp.allreduce_hook), tol=2e-3)
 
+# A sparse embedding: its gradient stays sparse rows, summed apart from the buckets (reducer.py),
+# and training matches one process on the whole batch.
+class Lookup(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb, self.head = nn.Embedding(20, 6, sparse=True), nn.Linear(6, 3)
+
+    def forward(self, ids):
+        return self.head(torch.tanh(self.emb(ids)))
+
+
+torch.manual_seed(7)
+net = Lookup()
+init0 = copy.deepcopy(net)
+model = ddp.DistributedDataParallel(net, comm)
+g = torch.Generator().manual_seed(3)
+data = [(torch.randint(0, 20, (N * PER_RANK,), generator=g), torch.randn(N * PER_RANK, 3, generator=g))
+        for _ in range(STEPS)]
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step, (ids, y) in enumerate(data):
+    opt.zero_grad()
+    nn.functional.mse_loss(model(shard(ids)), shard(y)).backward()
+    assert net.emb.weight.grad.layout is torch.sparse_coo, net.emb.weight.grad.layout
+    opt.step()
+    assert_same_on_all_ranks(net, f"sparse_embedding step {step}")
+ref = copy.deepcopy(init0)
+ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+for ids, y in data:
+    ref_opt.zero_grad()
+    (sum(nn.functional.mse_loss(ref(ids[r * PER_RANK:(r + 1) * PER_RANK]), y[r * PER_RANK:(r + 1) * PER_RANK])
+         for r in range(N)) / N).backward()
+    ref_opt.step()
+for (pname, p), q in zip(net.named_parameters(), ref.parameters()):
+    err = (p - q).abs().max().item()
+    assert err <= 1e-10, f"sparse_embedding: {pname} off by {err:g} from single-process training"
+print("check sparse_embedding ok", flush=True)
+
 # find_unused_parameters=True: `extra` unused everywhere -> its grads are zeros, no hang.
 m = train("unused_found", unused=True, find_unused_parameters=True, first_bucket_mb=1e-5)
 assert torch.equal(m.module.extra.weight.grad, torch.zeros_like(m.module.extra.weight)), "unused grad not zero"
