@@ -13,9 +13,10 @@ Life of one synchronised iteration:
    different order on different ranks. The comm hook returns at once (async Work on ringcomm's
    progress thread), so the reduction overlaps the rest of backward.
 4. ``_finalize`` (end of backward) waits for every bucket in order, sums the gradients of sparse
-   embeddings (below), and writes the averages back to ``.grad``. A parameter that got no gradient without find_unused_parameters is an error
-   naming it, raised only after every bucket was launched (missing slots zero) and drained, so
-   all ranks issued the same collectives and none is left waiting.
+   embeddings (below), and writes the averages back to ``.grad``. A parameter that got no
+   gradient without find_unused_parameters is an error naming it, raised only after every bucket
+   was launched (missing slots zero) and drained and every sparse sum made, so all ranks issued
+   the same collectives and none is left waiting.
 
 The weights of ``nn.Embedding`` and ``nn.EmbeddingBag`` with ``sparse=True`` get sparse COO
 gradients, which no bucket holds: at the end of backward each is summed over the ranks as torch's

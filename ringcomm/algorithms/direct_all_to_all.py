@@ -67,7 +67,8 @@ class DirectAllToAll(WindowAlgorithm):
 
     def road(self, window, src, dst, shape, reducer, word):
         # A persistent call builds this once (persistent.WindowCall): the plan's lookup and the
-        # checks above were a tenth of a remembered 1 MiB call's Python, with the caches cold.
+        # checks above were ~1 us of the ~5 us of Python before a remembered 1 MiB call's core
+        # call, with the caches cold.
         core, me = window.direct_core, window.rank
         if core is None or shape.counts[me] != shape.recv_counts[me] or not _planned.usable(window, src, dst):
             return None

@@ -539,4 +539,3 @@ class RingcommProcessGroup(dist.ProcessGroup):
     def merge_remote_group(self, *args, **kwargs):
         raise UsageError("merge_remote_group: the \"ringcomm\" backend cannot join ranks outside this job's "
                          "world (its communicators are made from the world's transports)")
-
