@@ -397,9 +397,11 @@ class Messages:
         if req.seg == VIA_MPI:
             req.mpi, req.tmp = self._mpi_in[req.peer].pop(key)
         if req.nbytes != req.buf.nbytes:
+            # No tag in the words: it is the transport's (dtype and context bits included); the
+            # caller's description names the call, and a user's send/recv tag with it.
             req.error = MismatchError(f"rank {self.rank}: a message from rank {self.ranks[req.peer]} "
-                                      f"(tag {req.tag}) has {req.nbytes} bytes, the receive expected "
-                                      f"{req.buf.nbytes} (do the ranks agree on the count?)")
+                                      f"has {req.nbytes} bytes, the receive expected {req.buf.nbytes} "
+                                      f"(do the ranks agree on the count?)")
             if req.mpi is not None:   # its MPI receive must still finish, or the sender's never does
                 self._orphans.append(req.mpi)
             self._finish(req)
