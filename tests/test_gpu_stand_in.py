@@ -244,9 +244,8 @@ def test_ddp_and_the_torch_backend_keep_tensors_on_devices_the_communicator_list
     from ddp.comm_hooks import comm_accepts, device_type
     from ringcomm.integrations.torch_tensors import accepts as _accepts
 
-    class Tensor:   # the CPU build cannot make a CUDA tensor; _accepts reads these three things
+    class Tensor:   # the CPU build cannot make a CUDA tensor; _accepts reads these two things
         device = torch.device("cuda", 0)
-        layout = torch.strided
 
         def is_contiguous(self):
             return True

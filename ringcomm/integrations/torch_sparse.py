@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import zlib
+
 import torch
 
 from ..errors import MismatchError

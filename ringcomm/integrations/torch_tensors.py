@@ -80,7 +80,6 @@ def dense(t: torch.Tensor) -> torch.Tensor:
 
 
 def accepts(comm, t: torch.Tensor) -> bool:
-    dense(t)
     on_device = t.device.type == "cpu" or t.device.type in getattr(comm, "devices", ("cpu",))
     return on_device and t.is_contiguous()
 
@@ -88,7 +87,7 @@ def accepts(comm, t: torch.Tensor) -> bool:
 def staged(comm, t: torch.Tensor) -> tuple:
     """(a tensor the communicator works on: ``t`` itself or a contiguous host copy, the write-back
     of that copy or None)."""
-    if accepts(comm, t):
+    if accepts(comm, dense(t)):
         return t, None
     host = t.detach().to("cpu", copy=True).contiguous()
     return host, lambda: t.copy_(host.view(t.shape))
