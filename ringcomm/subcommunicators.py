@@ -5,7 +5,8 @@ A split is one collective of the parent: every rank's (color, key, free window s
 an all-gather under split's own envelope code, each rank picks its group, and the transport
 gives the new communicator a view of itself (transport/view.py) with its own context id in the
 high bits of every tag, so its messages never meet the parent's or a sibling's, and, when all
-its members share a node, a shared-window slot that none of them uses yet. Nothing new is
+its members share a node, a shared-window slot that none of them uses yet or offers to another
+split in flight (two threads may split two communicators at once). Nothing new is
 created in /dev/shm. The context id hashes the split's path from the world, so every member
 computes the same one without asking.
 
@@ -49,7 +50,14 @@ class SubCommunicators:
         return table.reshape(self.size, width)
 
     def _split(self, seq: int, color: Optional[int], key: int) -> Optional["Communicator"]:
-        rows = self._rows(seq, "split", [-1 if color is None else color, key, self._window_slots()])
+        offered = self._reserve_window_slots()
+        try:
+            return self._split_with(seq, color, key, offered)
+        finally:
+            self._release_window_slots(offered)
+
+    def _split_with(self, seq: int, color: Optional[int], key: int, offered: int) -> Optional["Communicator"]:
+        rows = self._rows(seq, "split", [-1 if color is None else color, key, offered])
         self._splits += 1
         groups: dict = {}
         for r in range(self.size):
@@ -98,19 +106,29 @@ class SubCommunicators:
         return sub
 
     def _agree(self, seq: int, fingerprint: int, members: list) -> None:
-        rows = self._rows(seq, "group", [fingerprint, self._window_slots()])
-        odd = [members[r] for r in range(self.size) if rows[r, 0] != fingerprint]
-        if odd:
-            raise MismatchError(f"group #{seq} on rank {self.rank}: ranks {odd} of {members} made another "
-                                f"group under this name (their members or name differ)")
-        free = int(np.bitwise_and.reduce(rows[:, 1]))
-        if free:
-            self.transport.open_window((free & -free).bit_length() - 1)
+        offered = self._reserve_window_slots()
+        try:
+            rows = self._rows(seq, "group", [fingerprint, offered])
+            odd = [members[r] for r in range(self.size) if rows[r, 0] != fingerprint]
+            if odd:
+                raise MismatchError(f"group #{seq} on rank {self.rank}: ranks {odd} of {members} made another "
+                                    f"group under this name (their members or name differ)")
+            free = int(np.bitwise_and.reduce(rows[:, 1]))
+            if free:
+                self.transport.open_window((free & -free).bit_length() - 1)
+        finally:
+            self._release_window_slots(offered)
 
-    def _window_slots(self) -> int:
-        """Bit mask of the shared-window slots this rank can still give a sub-communicator."""
-        free = getattr(self.transport, "free_window_slots", None)
-        return 0 if free is None else free()
+    def _reserve_window_slots(self) -> int:
+        """Bit mask of the shared-window slots this rank offers the sub-communicator being made:
+        free ones that no other split in flight on this rank (another thread's) offers, so two
+        communicators made at once never take the same slot."""
+        reserve = getattr(self.transport, "reserve_window_slots", None)
+        return 0 if reserve is None else reserve()
+
+    def _release_window_slots(self, offered: int) -> None:
+        if offered:
+            self.transport.release_window_slots(offered)
 
 
 class _Split:

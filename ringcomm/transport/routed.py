@@ -247,12 +247,16 @@ class RoutedTransport(Transport):
             local.open_window(slot)
             self.window = local.window
 
-    def free_window_slots(self) -> int:
+    def reserve_window_slots(self) -> int:
         """The node transport's free window slots, even where this communicator spans nodes: a
         split whose members all sit on one node takes its window from them (the node transport's
         ``window_of`` gives none to a split that reaches off the node)."""
-        free = getattr(self.local, "free_window_slots", None)
-        return 0 if free is None else free()
+        reserve = getattr(self.local, "reserve_window_slots", None)
+        return 0 if reserve is None else reserve()
+
+    def release_window_slots(self, offered: int) -> None:
+        if offered:
+            self.local.release_window_slots(offered)
 
     def abort(self, reason: BaseException) -> None:
         for t in self.transports + ([self._device] if self._device else []):

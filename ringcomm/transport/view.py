@@ -67,9 +67,13 @@ class TransportView(Transport):
         src, t, nbytes = found
         return self._index[src], t & ((1 << CONTEXT_SHIFT) - 1), nbytes
 
-    def free_window_slots(self) -> int:
-        free = getattr(self.base, "free_window_slots", None)
-        return 0 if free is None else free()
+    def reserve_window_slots(self) -> int:
+        reserve = getattr(self.base, "reserve_window_slots", None)
+        return 0 if reserve is None else reserve()
+
+    def release_window_slots(self, offered: int) -> None:
+        if offered:
+            self.base.release_window_slots(offered)
 
     def split(self, members, color, key, context, slot=None):
         parent = [self.members[m] for m in members] if members is not None else None

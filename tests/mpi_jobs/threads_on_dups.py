@@ -1,5 +1,6 @@
 """Several threads per rank, each on a communicator of its own (dups of the world and a split by
-parity), making blocking collectives and send/recv at the same time: over shared memory they
+parity, each dup'd again by its thread, all threads at once), making blocking collectives and
+send/recv at the same time: over shared memory they
 share one transport, its staging pool, rings and windows, and must not see each other's
 messages. Every result is checked exactly.
 
@@ -27,6 +28,7 @@ COMMS = [world.dup() for _ in range(3)] + [world.split(RANK % 2)]   # made in on
 COUNTS = (0, 1, 3, 17, 1000, 4099, 65537, 300001)
 KINDS = ("all_reduce", "all_gather", "broadcast", "send_recv", "all_to_all", "reduce_scatter")
 failures: list = []
+GATE = threading.Barrier(len(COMMS))
 
 
 def values(rank, count, call):
@@ -67,7 +69,11 @@ def one_call(comm, thread, call, kind, count) -> bool:
 
 
 def run(thread: int) -> None:
-    comm = COMMS[thread]
+    # Every thread then dups its own communicator at the same moment (one dup per thread is the
+    # README's recipe): concurrent splits once offered the same free window slot, and two
+    # communicators' one-shot rounds read each other's payloads.
+    GATE.wait()
+    comm = COMMS[thread].dup()
     draw = np.random.default_rng((SEED, thread))   # the same sequence on every member
     for call in range(CALLS):
         kind, count = str(draw.choice(KINDS)), int(draw.choice(COUNTS))

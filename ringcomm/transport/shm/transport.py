@@ -126,6 +126,7 @@ class ShmTransport(Messages, Transport):
         self._in_ord = [defaultdict(int) for _ in range(self.n)]
         self._plain: list = [{} for _ in range(self.n)]      # (tag, ord) -> posted copy-receive
         self._slots_used = {0}   # window slots given to communicators of this rank (0: the job's)
+        self._slots_offered = 0  # bit mask: slots a split in flight offered its peers (reserve_window_slots)
         self._mpi_in: list = [{} for _ in range(self.n)]     # (tag, ord) -> (MPI request, bytes)
         self._inflight: list = [deque() for _ in range(self.n)]   # published sends holding pool space or read by CMA
         self._orphans: list = []                       # MPI receives of refused messages, left to finish
@@ -505,9 +506,23 @@ class ShmTransport(Messages, Transport):
         return {r: self.name for r in self.ranks if r != self.rank}
 
     # ---- sub-communicators -------------------------------------------------------------------------
-    def free_window_slots(self) -> int:
-        """Bit mask of the window slots no communicator of this rank uses yet (slot 0 is the job's)."""
-        return sum(1 << s for s in range(1, WINDOW_SLOTS) if s not in self._slots_used)
+    def reserve_window_slots(self) -> int:
+        """Bit mask of the window slots no communicator of this rank uses (slot 0 is the job's)
+        and no other split in flight has offered; they stay offered until
+        ``release_window_slots``. Two threads splitting two communicators at once (one dup per
+        thread) must offer disjoint slots: offering the same free ones, both splits picked the
+        same slot, and their one-shot rounds read each other's payloads."""
+        with self._lock:
+            free = sum(1 << s for s in range(1, WINDOW_SLOTS)
+                       if s not in self._slots_used and not self._slots_offered >> s & 1)
+            self._slots_offered |= free
+        return free
+
+    def release_window_slots(self, offered: int) -> None:
+        """The split that reserved ``offered`` is decided: the slot it took is used now
+        (``window_of``), the rest free again."""
+        with self._lock:
+            self._slots_offered &= ~offered
 
     def split(self, members, color, key, context, slot=None):
         """A view for a sub-communicator: its own tags over these rings and segments, and its own
@@ -522,7 +537,8 @@ class ShmTransport(Messages, Transport):
         order), or None when there is no slot or a member is not on this node."""
         if slot is None or slot <= 0 or not all(m in self.local for m in members):
             return None
-        self._slots_used.add(slot)
+        with self._lock:
+            self._slots_used.add(slot)
         regions = self.window_regions(slot)
         node_ranks = [self.local[m] for m in members]
         return Window(members.index(self.rank), [regions[r] for r in node_ranks],
