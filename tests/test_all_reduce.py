@@ -67,3 +67,36 @@ def test_premul_sum_scales_every_input_once():
     def rank_fn(comm):
         return comm.all_reduce(np.full(4, comm.rank + 1.0, np.float32), op=ringcomm.premul_sum(0.5))
     assert all((o == 0.5 * 6).all() for o in run_threads(3, rank_fn))
+
+
+def _signed_zeros_and_nans(dtype: str, rank: int) -> np.ndarray:
+    """Values on which ops that commute in value do not commute in bits: -0.0 against 0.0 (max and
+    min return their first operand on a tie) and NaNs whose sign and payload differ by rank (a
+    sum or product of two NaNs keeps its first operand's)."""
+    bits = {"float16": np.uint16, "float32": np.uint32, "float64": np.uint64}[dtype]
+    width = np.dtype(bits).itemsize * 8
+    mant = {16: 10, 32: 23, 64: 52}[width]
+    sign, exp_all = bits(1) << bits(width - 1), ((bits(1) << bits(width - 1 - mant)) - bits(1)) << bits(mant)
+    quiet = bits(1) << bits(mant - 1)
+    zero = sign if rank % 2 else bits(0)
+    nan = exp_all | quiet | bits(rank + 1) | (sign if rank % 3 == 1 else bits(0))
+    one = np.array([1.0], dtype).view(bits)[0]
+    pattern = [zero, zero ^ sign, nan, one, nan, zero]
+    return np.array(pattern * 7, dtype=bits).view(dtype)
+
+
+@pytest.mark.parametrize("size", [2, 3, 4, 5, 8])
+@pytest.mark.parametrize("algorithm", algorithms.names("all_reduce") + [None])
+def test_every_rank_holds_the_same_bits_where_signed_zeros_and_nans_meet(algorithm, size):
+    """Recursive doubling once had each rank of a pair compute own OP peer: max of -0.0 and 0.0 was
+    0.0 on one rank and -0.0 on the other, and sums of NaNs kept each rank's own NaN."""
+    def rank_fn(comm):
+        outs = []
+        for dtype in ("float16", "float32", "float64"):
+            for op in ("sum", "prod", "max", "min"):
+                x = _signed_zeros_and_nans(dtype, comm.rank)
+                outs.append(comm.all_reduce(x, op=op, algorithm=algorithm).tobytes())
+        return outs
+    outs = run_threads(size, rank_fn)
+    for i, got in enumerate(outs[0]):
+        assert all(o[i] == got for o in outs[1:]), f"{algorithm} n={size} case {i}: ranks differ bitwise"

@@ -80,11 +80,12 @@ class _Step:
             tmp = scratch[used:used + op.count]
             used += op.count
             own = None if op.own is None else bufs[op.own][op.own_off:op.own_off + op.count]
+            kernel = reduce.message_first if op.first else reduce
             if late_reduce:   # the region must not change under the in-flight sends of this step
                 recvs.append((op, transport.irecv(tmp, op.peer, tag)))
-                self.reductions.append((region, tmp, own))
+                self.reductions.append((region, tmp, own, kernel))
             else:
-                recvs.append((op, transport.irecv_reduce(region, op.peer, tag, reduce, tmp, own)))
+                recvs.append((op, transport.irecv_reduce(region, op.peer, tag, kernel, tmp, own)))
         for op in step:
             if isinstance(op, Send):
                 sends.append((op, transport.isend(bufs[op.buf][op.off:op.off + op.count], op.peer,
@@ -101,12 +102,12 @@ class _Step:
             self.cursor += 1
         return True
 
-    def finish(self, reduce) -> None:
-        for region, tmp, own in self.reductions:
+    def finish(self) -> None:
+        for region, tmp, own, kernel in self.reductions:
             if own is None:
-                reduce(region, tmp)
+                kernel(region, tmp)
             else:
-                reduce(region, tmp, own)
+                kernel(region, tmp, own)
 
     def blocking_op(self):
         return self.requests[self.cursor][0]
@@ -284,7 +285,7 @@ def _run_lane(lane, transport, bufs, like, reduce, base, watch: _Watch) -> None:
         if not posted.advance(0.0):
             while not posted.advance(min(DIAGNOSE_EVERY, watch.left() if watch.deadline else DIAGNOSE_EVERY)):
                 watch.stalled(posted.blocking_op(), k, len(lane), posted.blocking_done)
-        posted.finish(reduce)
+        posted.finish()
 
 
 def _run_lanes(lanes, transport, bufs, like, reduce, base, watch: _Watch) -> None:
@@ -301,7 +302,7 @@ def _run_lanes(lanes, transport, bufs, like, reduce, base, watch: _Watch) -> Non
                 copies, step, late_reduce, _ = lane[position[i]]
                 posted[i] = _Step(copies, step, late_reduce, transport, bufs, scratch[i], reduce, base)
             if posted[i].advance(slice_):
-                posted[i].finish(reduce)
+                posted[i].finish()
                 posted[i] = None
                 position[i] += 1
                 moved = True

@@ -185,17 +185,32 @@ def round_code(op: ReduceOp, dtype: DType) -> int:
 class Reduction:
     """The kernels of one (op, dtype): ``r(dst, msg)`` computes dst = dst OP msg, ``r(dst, msg, own)``
     computes dst = own OP msg (an out-of-place step: the own operand is read, never written).
-    ``code``: the compiled window round's code for the pair (``round_code``), -1 if it has none."""
-    __slots__ = ("reduce", "combine", "code")
+    ``code``: the compiled window round's code for the pair (``round_code``), -1 if it has none.
+    ``message_first``: the same kernels with the message as the first operand (RecvReduce.first)."""
+    __slots__ = ("reduce", "combine", "code", "message_first")
 
     def __init__(self, reduce: Reducer, combine, code: int = -1):
         self.reduce, self.combine, self.code = reduce, combine, code
+        self.message_first = _MessageFirst(combine)
 
     def __call__(self, dst: np.ndarray, msg: np.ndarray, own=None) -> None:
         if own is None:
             self.reduce(dst, msg)
         else:
             self.combine(dst, own, msg)
+
+
+class _MessageFirst:
+    """``r(dst, msg)``: dst = msg OP dst; ``r(dst, msg, own)``: dst = msg OP own. Bitwise, OP is
+    not commutative: maximum(-0.0, 0.0) returns its first operand, and so does a sum of two NaNs
+    that differ in sign or payload."""
+    __slots__ = ("combine",)
+
+    def __init__(self, combine):
+        self.combine = combine
+
+    def __call__(self, dst: np.ndarray, msg: np.ndarray, own=None) -> None:
+        self.combine(dst, msg, dst if own is None else own)
 
 
 def reducer(op: ReduceOp, dtype: DType) -> Reduction:

@@ -7,9 +7,12 @@ and OUT are the same memory. Ops name a buffer and an element range of it:
 
 - ``Send(peer, off, count, channel, buf)``       send buf[off:off+count]
 - ``Recv(peer, off, count, channel, buf)``       overwrite buf[off:off+count] with the message
-- ``RecvReduce(peer, off, count, channel, buf, own, own_off)``
+- ``RecvReduce(peer, off, count, channel, buf, own, own_off, first)``
       buf[off:off+count] = X OP message, where X is own[own_off:own_off+count] when ``own`` names
-      a buffer, else buf[off:off+count] itself. The operand order (own data first) is fixed.
+      a buffer, else buf[off:off+count] itself; ``first``: message OP X instead. The order
+      matters bitwise (max of -0.0 and 0.0, sums of NaNs that differ in sign or payload keep
+      their first operand's), so two ranks that each reduce the other's message into their own
+      data (recursive doubling) put the lower rank's operand first on both.
 - ``Copy(off, count, buf, src, src_off)``        buf[off:off+count] = src[src_off:src_off+count],
       locally, when its step is posted and before any of the step's transfers.
 
@@ -58,6 +61,7 @@ class RecvReduce(NamedTuple):
     buf: int = OUT
     own: Optional[int] = None   # buffer holding this rank's operand; None: buf itself
     own_off: int = 0
+    first: bool = False         # the message is the first operand (the module docstring)
 
 
 class Copy(NamedTuple):
@@ -133,13 +137,15 @@ def send_segments(peer: int, off: int, count: int, seg: int, channel: int = 0, b
 
 
 def recv_segments(peer: int, off: int, count: int, seg: int, channel: int = 0, reduce: bool = False,
-                  buf: int = OUT, own: Optional[int] = None, own_off: Optional[int] = None) -> list:
+                  buf: int = OUT, own: Optional[int] = None, own_off: Optional[int] = None,
+                  first: bool = False) -> list:
     """Receives of [off, off+count) in segments; with ``reduce``, RecvReduce ops whose own operand
-    is ``own`` at ``own_off`` (default: the same offsets) when given."""
+    is ``own`` at ``own_off`` (default: the same offsets) when given, the message first if
+    ``first``."""
     if not reduce:
         return [Recv(peer, o, c, channel, buf) for o, c in segments(off, count, seg)]
     shift = 0 if own_off is None else own_off - off
-    return [RecvReduce(peer, o, c, channel, buf, own, o + shift if own is not None else 0)
+    return [RecvReduce(peer, o, c, channel, buf, own, o + shift if own is not None else 0, first)
             for o, c in segments(off, count, seg)]
 
 
