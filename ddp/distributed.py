@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from ringcomm.errors import bad_type, bad_value
+from ringcomm.integrations.torch_tensors import flat as flat_view
 
 from . import comm_hooks
 from .reducer import Reducer
@@ -165,7 +166,7 @@ def broadcast_tensors(comm, tensors: list, root: int = 0) -> None:
     for device, group in by_device.items():
         # Widest dtypes first: every offset stays a multiple of the element size that views it.
         group.sort(key=lambda t: -t.element_size())
-        flat = torch.cat([t.detach().contiguous().reshape(-1).view(torch.uint8) for t in group])
+        flat = torch.cat([flat_view(t.detach().contiguous()).view(torch.uint8) for t in group])
         staged = flat if comm_hooks.comm_accepts(comm, device) else flat.cpu()
         comm.broadcast(staged, root=root)
         if staged is not flat:

@@ -362,6 +362,19 @@ def test_sparse_embedding_gradients_are_averaged_as_sparse_rows_on_every_rank():
         assert torch.equal(other[1], first[1]) and torch.equal(other[3], first[3]) and torch.equal(other[4], first[4])
 
 
+def test_sparse_embedding_of_a_batch_that_repeats_one_token():
+    """One rank's batch is one token repeated: its gradient's indices coalesce into a single entry
+    whose strides torch leaves at (2, 1), which a flat byte view once refused on that rank."""
+    def body(comm):
+        net = _fixed(_Lookup().double())
+        model = ddp.DistributedDataParallel(net, comm)
+        ids = torch.tensor([5, 5, 5]) if comm.rank else _ids(0)
+        model(ids).backward()
+        return net.emb.weight.grad.to_dense()
+    g0, g1 = run_threads(2, body, timeout=20)
+    assert torch.equal(g0, g1) and g0[5].abs().sum() > 0 and g0[7].abs().sum() > 0
+
+
 def test_sparse_embedding_unused_on_one_rank():
     """With find_unused_parameters, a rank that did not use the embedding adds no rows and still
     gets the average; without it, that rank raises naming the embedding and the other finishes."""

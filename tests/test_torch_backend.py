@@ -95,6 +95,24 @@ def test_sparse_all_reduce_of_tensors_that_differ_raises_on_every_rank():
         assert len(errors) == 2 and same == (2 * torch.eye(3)).tolist()
 
 
+def test_one_element_tensors_of_any_stride_move_like_gloo_moves_them():
+    """torch calls ``x[::2][:1]`` contiguous; a flat byte view of it raised on the rank that had
+    one (its peers then waited out the timeout). So did the indices of a sparse tensor whose
+    duplicates coalesce into one entry: what a sparse embedding's gradient is when a batch
+    repeats one token."""
+    def body(comm):
+        pg = group_of(comm)
+        odd = torch.tensor([comm.rank + 1.0, -1.0])[::2][:1]
+        assert odd.is_contiguous() and odd.stride() == (2,)
+        gathered = [torch.empty(1) for _ in range(comm.size)]
+        pg.allgather([gathered], [odd]).wait()
+        repeated = torch.sparse_coo_tensor(torch.tensor([[2, 2]]), torch.tensor([1.0, 2.0]), (4,))
+        pg.allreduce([repeated], opts()).wait()
+        return [t.item() for t in gathered], repeated.to_dense().tolist()
+    for gathered, summed in run_threads(2, body):
+        assert gathered == [1.0, 2.0] and summed == [0.0, 0.0, 6.0, 0.0]
+
+
 @pytest.mark.parametrize("blocking", [False, True])
 def test_a_mismatch_raises_from_wait_and_from_the_future(blocking):
     def body(comm):

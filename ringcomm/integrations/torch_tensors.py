@@ -60,8 +60,16 @@ def raw(t):
     if isinstance(t, np.ndarray):
         return t.reshape(-1).view(np.uint8)
     if t.device.type != "cpu":
-        return t.detach().reshape(-1).view(torch.uint8)
+        return flat(t.detach()).view(torch.uint8)
     return memory(t, np.uint8)
+
+
+def flat(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous ``t`` as a 1-D view of stride 1. torch calls a tensor of at most one element
+    contiguous whatever its stride (``x[::2][:1]``; the indices torch's coalesce() leaves when
+    duplicates merge into one entry), and ``view(torch.uint8)`` of such a view raises."""
+    line = t.reshape(-1)
+    return line if line.numel() > 1 or line.stride(0) == 1 else line.as_strided((line.numel(),), (1,))
 
 
 def alike(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -101,7 +109,7 @@ def host_input(t: torch.Tensor) -> torch.Tensor:
 def as_bytes(t: torch.Tensor) -> torch.Tensor:
     """A flat uint8 host tensor of ``t``'s bytes (``t``'s own memory when it is a contiguous CPU
     tensor, else a copy)."""
-    return host_input(t).reshape(-1).view(torch.uint8)
+    return flat(host_input(t)).view(torch.uint8)
 
 
 def pack(tensors: list) -> tuple:
