@@ -127,7 +127,10 @@ class Communicator(PointToPoint, SubCommunicators):
 
     def broadcast(self, x, root=0, *, algorithm=None, async_op=False):
         """Every rank's x becomes root's x."""
-        return self._remembered(("broadcast", id(x), root), (x,), lambda: BROADCAST.prepare(self, x, root),
+        # A root is part of the memo's key only as a plain int: 1.0 and True equal 1 as keys,
+        # and the ordinary road refuses them.
+        return self._remembered(("broadcast", id(x), root) if type(root) is int else None, (x,),
+                                lambda: BROADCAST.prepare(self, x, root),
                                 algorithm, async_op)
 
     def reduce(self, x, root=0, op="sum", *, out=None, algorithm=None, async_op=False):
@@ -152,12 +155,12 @@ class Communicator(PointToPoint, SubCommunicators):
 
     def gather(self, out, x, root=0, *, algorithm=None, async_op=False):
         """Root's out = every rank's x, concatenated in rank order (out None on other ranks)."""
-        return self._remembered(("gather", id(out), id(x), root), (out, x),
+        return self._remembered(("gather", id(out), id(x), root) if type(root) is int else None, (out, x),
                                 lambda: GATHER.prepare(self, out, x, root), algorithm, async_op)
 
     def scatter(self, out, x, root=0, *, algorithm=None, async_op=False):
         """out = block ``rank`` of root's x (x None on other ranks)."""
-        return self._remembered(("scatter", id(out), id(x), root), (out, x),
+        return self._remembered(("scatter", id(out), id(x), root) if type(root) is int else None, (out, x),
                                 lambda: SCATTER.prepare(self, out, x, root), algorithm, async_op)
 
     def barrier(self, *, algorithm=None, async_op=False):
@@ -180,10 +183,15 @@ class Communicator(PointToPoint, SubCommunicators):
         """MPI_Comm_split: ranks passing the same ``color`` form one new communicator, ordered by
         ``key`` then by rank; ``color=None`` gets None. Collective over this communicator. The new
         one has its own sequence numbers and tags and shares this one's transports."""
-        if color is not None and (isinstance(color, bool) or not isinstance(color, (int, np.integer)) or color < 0):
-            raise bad_value("split", "color", "an int >= 0 or None", color)
+        # MPI_Comm_split takes C ints: a larger color raised OverflowError inside it on some
+        # ranks while the rest waited there forever.
+        if color is not None and (isinstance(color, bool) or not isinstance(color, (int, np.integer))
+                                  or not 0 <= color < 2 ** 31):
+            raise bad_value("split", "color", "an int in [0, 2**31) or None", color)
         if isinstance(key, bool) or not isinstance(key, (int, np.integer)):
             raise bad_type("split", "key", "an int", type(key).__name__)
+        if not -2 ** 31 <= key < 2 ** 31:
+            raise bad_value("split", "key", "an int in [-2**31, 2**31)", key)
         call = Call(_SPLIT, None, None, dtype=None, count=0, result=None)
         return self._submit(call, lambda seq: self._split(seq, color, int(key)), async_op=False)
 

@@ -29,7 +29,7 @@ def parse_size(text: str) -> int:
         value = float(t[:-1] if scale > 1 else t) * scale
     except ValueError:
         value = -1
-    if not value >= 0 or value != int(value):
+    if not 0 <= value < float("inf") or value != int(value):   # inf: int(inf) raises OverflowError
         raise UsageError(f"size {text!r}: expected bytes like 4096, 64K, 1M or 32MiB")
     return int(value)
 

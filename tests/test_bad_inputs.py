@@ -89,6 +89,8 @@ CASES = [
     (lambda c: c.split(-1), UsageError, ['"color"', "-1"]),
     (lambda c: c.split("a"), UsageError, ['"color"', "'a'"]),
     (lambda c: c.split(0, key=1.5), ArgumentTypeError, ['"key"', "int", "float"]),
+    (lambda c: c.split(2 ** 31), UsageError, ['"color"', "2**31", str(2 ** 31)]),   # MPI_Comm_split's int
+    (lambda c: c.split(0, key=-2 ** 31 - 1), UsageError, ['"key"', str(-2 ** 31 - 1)]),
     (lambda c: c.all_reduce(np.frombuffer(b"\0" * 16, np.float32)), UsageError, ['"x"', "writable"]),
 ]
 

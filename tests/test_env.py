@@ -75,3 +75,12 @@ def test_the_reliability_doc_holds_the_table():
     doc = (Path(__file__).resolve().parents[1] / "docs" / "reliability.md").read_text()
     for line in env.table().splitlines()[2:]:
         assert line in doc, f"docs/reliability.md lacks: {line}"
+
+
+@pytest.mark.parametrize("value", ["inf", "1e400", "nan", "-inf"])
+@pytest.mark.parametrize("name", ["RINGCOMM_SHM_POOL", "RINGCOMM_SHM_CMA_MIN", "RINGCOMM_SHM_CMA_P2P_MIN"])
+def test_sizes_beyond_any_integer_are_a_usage_error_naming_the_variable(monkeypatch, name, value):
+    """int(float("inf")) raises OverflowError: it escaped the UsageError these variables promise."""
+    monkeypatch.setenv(name, value)
+    with pytest.raises(UsageError, match=name):
+        env.get(name)

@@ -208,6 +208,30 @@ def test_a_root_mismatch_on_the_fast_road_is_a_mismatch_on_every_rank(monkeypatc
         run_threads(2, body, timeout=10)
 
 
+@pytest.mark.parametrize("kind", ["broadcast", "gather", "scatter"])
+def test_a_remembered_root_passed_as_a_float_or_bool_is_still_refused(kind, monkeypatch):
+    """1.0 and True equal 1 as keys: the memo must not let through a root the ordinary road refuses."""
+    from ringcomm import ArgumentTypeError
+    monkeypatch.setenv("RINGCOMM_ALGO", WINDOW_ALGOS["one_shot"])
+
+    def body(comm):
+        x, out = np.ones(8), np.ones(8 * comm.size)
+        call = {"broadcast": lambda root: comm.broadcast(x, root),
+                "gather": lambda root: comm.gather(out if comm.rank == 1 else None, x, root),
+                "scatter": lambda root: comm.scatter(x, out if comm.rank == 1 else None, root)}[kind]
+        for _ in range(3):
+            call(1)
+        errors = []
+        for root in (1.0, True):
+            try:
+                call(root)
+            except ArgumentTypeError as err:
+                errors.append(str(err))
+        return errors
+    for errors in run_threads(2, body, timeout=20):
+        assert len(errors) == 2 and all('"root"' in e for e in errors), errors
+
+
 def test_an_absent_peer_times_out_on_the_fast_road_of_all_gather_naming_it(monkeypatch):
     monkeypatch.setenv("RINGCOMM_ALGO", WINDOW_ALGOS["one_shot"])
 
