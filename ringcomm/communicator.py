@@ -224,6 +224,9 @@ class Communicator(PointToPoint, SubCommunicators):
         close_device = getattr(self.transport, "close_device", None)
         if close_device is not None:
             close_device()
+        leave = getattr(self.transport, "leave", None)
+        if self.context and leave is not None:   # a sub-communicator: what it never received must not hold shared rings
+            leave()
 
     def _allow_thread(self, thread: threading.Thread, allow: bool = True) -> None:
         """Let ``thread`` call on behalf of whichever thread has calls in flight (integrations

@@ -215,3 +215,12 @@ def test_random_calls_interleaved_across_world_splits_and_dups_are_exact(ranks, 
     proc = run_mpi(ranks, "interleaved.py", calls, 20261204 + ranks, *([extra] if extra else []),
                    env={"RINGCOMM_BACKEND": backend}, timeout=300)
     assert f"interleaved: {calls} calls checked, 0 wrong" in proc.stdout, proc.stdout + proc.stderr
+
+
+@pytest.mark.mpi
+def test_messages_a_closed_sub_communicator_never_received_do_not_stall_the_world():
+    """A refused receive, a collective whose ranks disagreed, or a send nobody received on a dup
+    once held a slot of the pair's shared descriptor ring for good: 255 messages later the
+    world's sends between those ranks timed out (mpi_jobs/closed_sub_messages.py)."""
+    proc = run_mpi(2, "closed_sub_messages.py", timeout=120)
+    assert "closed-sub-messages ok" in proc.stdout, proc.stdout + proc.stderr

@@ -159,5 +159,10 @@ class Transport(ABC):
     def abort(self, reason: BaseException) -> None:
         """Release every waiter with PeerAbortedError; later calls fail fast."""
 
+    def leave(self) -> None:
+        """A sub-communicator's transport, given up by its communicator's close(): free what is
+        its own and nothing it shares with its parent (a view's context id and the messages
+        sent to it that it never received). Safe to call twice."""
+
     def close(self) -> None:
         """Free resources. Safe to call twice."""

@@ -262,6 +262,10 @@ class RoutedTransport(Transport):
         for t in self.transports + ([self._device] if self._device else []):
             t.abort(reason)
 
+    def leave(self) -> None:
+        for t in self.transports:
+            t.leave()
+
     def close(self) -> None:
         for t in self.transports + ([self._device] if self._device else []):
             t.close()

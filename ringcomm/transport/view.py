@@ -28,6 +28,9 @@ class TransportView(Transport):
             raise CommError(f"sub-communicator context id {context:#x} is already in use on rank {base.rank} "
                             f"(a hash collision of two split paths): split again with another color or key")
         live.add(context)
+        revive = getattr(base, "revive_context", None)
+        if revive is not None:
+            revive(context)
         self.base, self.members, self.context = base, list(members), context
         self.rank, self.size = self.members.index(base.rank), len(self.members)
         self.name = base.name
@@ -88,8 +91,16 @@ class TransportView(Transport):
         # Only this communicator gives up: its peers learn it from the abort notices it sends.
         self._aborted = f"aborted: {reason}"
 
+    def leave(self) -> None:
+        self.close()
+
     def close(self) -> None:
         getattr(self.base, "_view_contexts", set()).discard(self.context)
+        # What peers sent this communicator and it never received would hold slots of rings that
+        # every communicator of the pair shares (shm): dropped, acknowledged unread.
+        drop = getattr(self.base, "drop_context", None)
+        if drop is not None:
+            drop(self.context)
 
     def describe(self) -> dict:
         full = self.base.describe() if hasattr(self.base, "describe") else {}

@@ -39,6 +39,7 @@ import numpy as np
 from ...errors import CommError, MismatchError, UsageError
 from ..base import Request
 from ..polling import wait_polling
+from ..view import CONTEXT_SHIFT
 from . import pipe, staging
 from .rings import CMA, EMPTY, PIPE, VIA_MPI
 from .segments import address
@@ -326,6 +327,35 @@ class Messages:
             if seg == VIA_MPI:
                 tmp = np.empty(nbytes, np.uint8)
                 self._mpi_in[p][inc.key(slot)] = (self.comm.Irecv(tmp, source=p, tag=self.payload_tag), tmp)
+        if self._dead_contexts:
+            self._drop_dead(p)
+
+    def drop_context(self, context: int) -> None:
+        """A sub-communicator's view was closed: acknowledge, unread, every message of its context
+        that arrived and was never received (a receive refused it, or none was posted) and every
+        one that arrives later. Each holds a slot of its sender's ring to this rank, and a ring has
+        SLOTS of them: that many messages later, of any communicator, that pair's sends waited for
+        the slot until their deadline."""
+        with self._lock:
+            if self._closed:
+                return
+            self._dead_contexts.add(context)
+            for p in self.others:
+                self._discover(p)
+
+    def revive_context(self, context: int) -> None:
+        """A new view takes ``context``: its messages are received again."""
+        with self._lock:
+            self._dead_contexts.discard(context)
+
+    def _drop_dead(self, p: int) -> None:
+        inc, dead = self._in[p], self._dead_contexts
+        for key in [k for k in inc.arrived if k[0] >> CONTEXT_SHIFT in dead]:
+            slot = inc.arrived.pop(key)
+            mpi = self._mpi_in[p].pop(key, None)
+            if mpi is not None:   # its MPI receive must still finish, or the sender's never does
+                self._orphans.append(mpi[0])
+            inc.ack(slot)   # a pipe's sender takes this as a refusal (_release)
 
     def progress(self) -> None:
         """Place sends waiting for pool room, publish what waits for a slot, return pool space

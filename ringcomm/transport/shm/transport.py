@@ -127,6 +127,7 @@ class ShmTransport(Messages, Transport):
         self._plain: list = [{} for _ in range(self.n)]      # (tag, ord) -> posted copy-receive
         self._slots_used = {0}   # window slots given to communicators of this rank (0: the job's)
         self._slots_offered = 0  # bit mask: slots a split in flight offered its peers (reserve_window_slots)
+        self._dead_contexts: set = set()   # closed views' context ids: their messages are dropped (drop_context)
         self._mpi_in: list = [{} for _ in range(self.n)]     # (tag, ord) -> (MPI request, bytes)
         self._inflight: list = [deque() for _ in range(self.n)]   # published sends holding pool space or read by CMA
         self._orphans: list = []                       # MPI receives of refused messages, left to finish
