@@ -78,8 +78,16 @@ def init_from_store(store, rank: int, size: int, *, timeout: Optional[float] = N
     over them. Ranks on one host use shared memory bootstrapped through the store; ranks on
     several hosts raise UsageError naming mpirun (transport/factory.py ``build_from_store``)."""
     timeout = _timeout(timeout)
+    global _from_store_inits
+    import torch.distributed as dist
+
     from .transport import factory
     from .transport.store import StoreComm
+    # Keys of their own for each init: torch hands the same store to an init_process_group after
+    # destroy_process_group (torchrun's, under the same group name), and the ranks then read the
+    # last init's handshakes, went out of step and timed out. Every rank counts its inits alike.
+    _from_store_inits += 1
+    store = dist.PrefixStore(f"ringcomm/init{_from_store_inits}/", store)
     settings = StoreComm(store, list(range(size)), rank, timeout, name="settings")
     agreed = agreement.exchange(settings.allgather, agreement.local("ringcomm", size))
     chosen = env.get("RINGCOMM_BACKEND") or "ringcomm"
@@ -107,6 +115,7 @@ def ranks_on_this_host(world) -> int:
 # Set by MPICH's and Intel MPI's launchers (PMI), Open MPI's and PMIx-based ones (srun --mpi=pmix).
 _MPI_LAUNCH_VARIABLES = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS")
 _store_inits = 0   # init_from_store calls on torchrun's store so far: each gets keys of its own
+_from_store_inits = 0   # init_from_store calls so far, on any store: each gets keys of its own
 
 
 def mpi_launched(environ: Optional[Mapping[str, str]] = None) -> bool:

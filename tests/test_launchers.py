@@ -95,8 +95,10 @@ def test_torchrun_then_plain_init_process_group_gives_the_whole_world_over_share
     proc = torchrun(2, "torchrun_world.py", timeout=120)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
-    for rank in (0, 1):
-        assert f"world size 2 on rank {rank}: sum 3.0 over {{{1 - rank}: 'shm'}}" in proc.stdout, out
+    for init in range(3):
+        for rank in (0, 1):
+            assert (f"init {init}: world size 2 on rank {rank}: sum {3.0 + 2 * init} over {{{1 - rank}: 'shm'}}"
+                    in proc.stdout), out
 
 
 def _store_job(rank: int, size: int, port: int, **env_vars) -> subprocess.Popen:
