@@ -113,6 +113,28 @@ def test_one_element_tensors_of_any_stride_move_like_gloo_moves_them():
         assert gathered == [1.0, 2.0] and summed == [0.0, 0.0, 6.0, 0.0]
 
 
+def test_inputs_that_overlap_their_outputs_give_what_gloo_gives():
+    """gloo takes every input before writing an output; ringcomm's collectives refuse overlaps,
+    and refused them on the ranks where they occurred while the others timed out. Copied first
+    now, except an all-gather's input that is exactly its own block (FSDP's in-place form)."""
+    def body(comm):
+        pg, n, r = group_of(comm), 3, comm.rank
+        gathered = torch.arange(2 * n, dtype=torch.float32) + 100 * r
+        pg._allgather_base(gathered, gathered[:n]).wait()              # rank 1's input is rank 0's block
+        own = torch.arange(2 * n, dtype=torch.float32) + 100 * r
+        pg._allgather_base(own, own[r * n:(r + 1) * n]).wait()         # in place
+        x = torch.arange(2 * n, dtype=torch.float32) + 100 * r
+        pg._reduce_scatter_base(x[:n], x).wait()
+        y = torch.arange(2 * n, dtype=torch.float32) + 100 * r
+        pg.alltoall_base(y, y, [], []).wait()
+        return gathered.tolist(), own.tolist(), x[:n].tolist(), y.tolist()
+    for r, (gathered, own, part, swapped) in enumerate(run_threads(2, body, timeout=20)):
+        assert gathered == [0.0, 1.0, 2.0, 100.0, 101.0, 102.0]
+        assert own == [0.0, 1.0, 2.0, 103.0, 104.0, 105.0]
+        assert part == [100.0 + 2 * i + 6 * r for i in range(3)]
+        assert swapped == [[0.0, 1.0, 2.0, 100.0, 101.0, 102.0], [3.0, 4.0, 5.0, 103.0, 104.0, 105.0]][r]
+
+
 @pytest.mark.parametrize("blocking", [False, True])
 def test_a_mismatch_raises_from_wait_and_from_the_future(blocking):
     def body(comm):

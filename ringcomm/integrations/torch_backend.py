@@ -45,7 +45,7 @@ from .torch_groups import Shared, forget_world, group_on, init_process_group, re
 from .torch_monitored import barrier_seconds
 from .torch_p2p import P2PWork
 from .torch_sparse import sparse_sum
-from .torch_tensors import (NUMPY, alike, as_bytes, host_input, host_view, offsets_of, pack, raw, sizes_of, staged,
+from .torch_tensors import (NUMPY, alike, apart, as_bytes, host_input, host_view, offsets_of, pack, raw, sizes_of, staged,
                             uneven, unpack)
 from .torch_work import ABORT_GRACE, Combined, Pending, Work, begin_range, call_site, seconds
 
@@ -308,7 +308,8 @@ class RingcommProcessGroup(dist.ProcessGroup):
             raise bad_value("all_gather_into_tensor", "output_tensor", f"a tensor of {input.dtype}", output.dtype)
         self._count("all_gather_into_tensor", "output_tensor", output.numel(), self._size * input.numel())
         out_t, back = staged(self.comm, output)
-        launch = _call(self.comm.all_gather, raw(out_t), raw(alike(input, out_t)))
+        mine = apart(alike(input, out_t), out_t, in_place_at=self._rank * input.numel() * input.element_size())
+        launch = _call(self.comm.all_gather, raw(out_t), raw(mine))
         return self._submit("all_gather_into_tensor", [launch], [output], back, opts or AllgatherOptions(), [input])
 
     _allgather_base = all_gather_single
@@ -359,7 +360,7 @@ class RingcommProcessGroup(dist.ProcessGroup):
         if output.dtype != input.dtype:
             raise bad_value("reduce_scatter_tensor", "output", f"a tensor of {input.dtype}", output.dtype)
         out_t, back = staged(self.comm, output)
-        x = host_view(alike(input, out_t))
+        x = host_view(apart(alike(input, out_t), out_t))
         launch = _call(self.comm.reduce_scatter, host_view(out_t).reshape(-1), x.reshape(-1), op=op)
         return self._submit("reduce_scatter_tensor", [launch], [output], back, opts, [input])
 
@@ -410,7 +411,7 @@ class RingcommProcessGroup(dist.ProcessGroup):
         out_bytes = self._row_bytes("output_split_sizes", output, output_split_sizes)
         in_bytes = self._row_bytes("input_split_sizes", input, input_split_sizes)
         out_t, back = staged(self.comm, output)
-        launch = _call(self.comm.all_to_all, raw(out_t), raw(alike(input, out_t)), out_bytes, in_bytes)
+        launch = _call(self.comm.all_to_all, raw(out_t), raw(apart(alike(input, out_t), out_t)), out_bytes, in_bytes)
         return self._submit("all_to_all", [launch], [output], back, opts, [input])
 
     all_to_all_single = alltoall_base

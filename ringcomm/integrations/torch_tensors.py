@@ -72,6 +72,21 @@ def flat(t: torch.Tensor) -> torch.Tensor:
     return line if line.numel() > 1 or line.stride(0) == 1 else line.as_strided((line.numel(),), (1,))
 
 
+def apart(x: torch.Tensor, out: torch.Tensor, in_place_at: Optional[int] = None) -> torch.Tensor:
+    """``x``, or a copy of it where its memory overlaps ``out``'s. gloo takes every input before it
+    writes an output, so torch users may pass ``all_gather_into_tensor(out, out[:n])`` or
+    ``all_to_all_single(x, x)``; the communicator refuses overlaps (on the ranks where they
+    occur, leaving the others to time out). ``in_place_at``: the byte offset in ``out`` where
+    ``x`` may lie exactly, the communicator's own in-place form (an all-gather's own block)."""
+    nx, no = x.numel() * x.element_size(), out.numel() * out.element_size()
+    if not nx or not no or x.device != out.device:
+        return x
+    a, b = x.data_ptr(), out.data_ptr()
+    if a >= b + no or b >= a + nx or (in_place_at is not None and a == b + in_place_at):
+        return x
+    return x.clone()
+
+
 def alike(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """``x`` contiguous on the device of ``like`` (the input of a call whose output is ``like``:
     a call's buffers must share one device); ``x`` itself when it already is."""
