@@ -5,7 +5,8 @@ import pytest
 import torch
 
 import ringcomm
-from ringcomm import ArgumentTypeError, Communicator, UsageError
+from ringcomm import ArgumentTypeError, Communicator, UsageError, algorithms
+from ringcomm.testing import run_threads
 from ringcomm.transport.threads import ThreadsTransport, ThreadsWorld
 
 
@@ -120,3 +121,51 @@ def test_names_of_unknown_collective():
     with pytest.raises(UsageError, match="all_reduce"):
         ringcomm.algorithms.names("allreduce")
     assert "ring" in ringcomm.algorithms.names("all_reduce")
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    a = a.copy()
+    a.flags.writeable = False
+    return a
+
+
+READ_ONLY_CALLS = {   # (collective, call on read-only inputs): every call here only reads them
+    "all_reduce": lambda c, x, n: c.all_reduce(x, out=np.empty_like(x)),
+    "all_gather": lambda c, x, n: c.all_gather(np.empty(n * x.size, x.dtype), x),
+    "reduce_scatter": lambda c, x, n: c.reduce_scatter(np.empty(x.size // n, x.dtype), x),
+    "all_to_all": lambda c, x, n: c.all_to_all(np.empty_like(x), x),
+    "gather": lambda c, x, n: c.gather(np.empty(n * x.size, x.dtype) if c.rank == 0 else None, x, 0),
+    "scatter": lambda c, x, n: c.scatter(np.empty(x.size // n, x.dtype), x if c.rank == 0 else None, 0),
+}
+
+
+@pytest.mark.parametrize("collective", sorted(READ_ONLY_CALLS))
+@pytest.mark.parametrize("size", [1, 2, 3])
+def test_read_only_inputs_are_taken_where_the_call_only_reads_them(collective, size):
+    """MPI takes a const send buffer: so does every call here that never writes its input, on
+    every algorithm, with the writable input's result; a read-only input that would be written
+    (in place, a broadcast's buffer) is still refused before any message moves."""
+    call = READ_ONLY_CALLS[collective]
+
+    def body(comm):
+        results = {}
+        for algorithm in [None] + algorithms.names(collective):
+            x = np.arange(12 * size, dtype=np.float64) + 100 * comm.rank
+            ro = _read_only(x)
+            got, want = call(comm, ro, size), call(comm, x, size)
+            results[algorithm] = (None if got is None else got.tobytes(), None if want is None else want.tobytes())
+            assert np.array_equal(ro, x)
+        return results
+    for results in run_threads(size, body, timeout=60):
+        for algorithm, (got, want) in results.items():
+            assert got == want, f"{collective} {algorithm}"
+
+
+def test_a_read_only_input_the_call_would_write_is_refused():
+    def body(comm):
+        with pytest.raises(UsageError, match='"x".*writable'):
+            comm.all_reduce(_read_only(np.ones(4)))       # in place
+        with pytest.raises(UsageError, match='"x".*writable'):
+            comm.broadcast(_read_only(np.ones(4)), 0)   # in and out, as MPI_Bcast's buffer (not const)
+        return True
+    assert run_threads(2, body, timeout=20) == [True, True]

@@ -115,3 +115,15 @@ def test_processes_mixing_compiled_and_python_rounds_get_the_same_bits(layout):
     import re   # ranks' lines may interleave on the shared stdout
     found = sorted(re.findall(r"rank (\d) ok \d+ (compiled=True|compiled=False)", proc.stdout))
     assert found == [(str(r), f"compiled={on}") for r, on in enumerate(layout)], proc.stdout
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n,transport", [(2, "shm"), (3, "shm"), (2, "mpi")])
+def test_read_only_inputs_are_taken_where_the_call_only_reads_them(n, transport):
+    """Over shared memory (staged, and read in place by CMA), over MPI point-to-point (an empty
+    confirmation receive once landed in the read-only input, which mpi4py refuses), and on the
+    reference backends (mpi_jobs/read_only_inputs.py)."""
+    backends = BACKENDS.split(",") if transport == "shm" and n == 2 else ["ringcomm"]
+    proc = run_mpi(n, "read_only_inputs.py", *backends, env={"RINGCOMM_TRANSPORT": transport}, timeout=240)
+    for backend in backends:
+        assert f"read-only inputs: {backend} ok" in proc.stdout, proc.stdout + proc.stderr

@@ -13,6 +13,7 @@ import datetime
 import os
 import socket
 import threading
+import warnings
 
 import numpy as np
 import torch
@@ -76,9 +77,14 @@ class C10dBackend(ReferenceCommunicator):
         if not isinstance(flat, np.ndarray):
             t = torch.from_dlpack(flat)
             return t.view(torch.bfloat16) if dtype.name == "bfloat16" else t
-        if dtype.name == "bfloat16":
-            return torch.from_numpy(flat.view(np.int16)).view(torch.bfloat16)
-        return torch.from_numpy(flat)
+        host = flat.view(np.int16) if dtype.name == "bfloat16" else flat
+        if flat.flags.writeable:
+            t = torch.from_numpy(host)
+        else:   # an input the call only reads (core/buffers.py): torch warns that it cannot write it
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", "The given NumPy array is not writable")
+                t = torch.from_numpy(host)
+        return t.view(torch.bfloat16) if dtype.name == "bfloat16" else t
 
     @staticmethod
     def allreduce_options(op: ReduceOp):

@@ -25,7 +25,7 @@ class AllGather(Collective):
         return (size - 1) / size if size > 1 else 0.0
 
     def prepare(self, comm, out, x, counts=None) -> Call:
-        xb, ob = buffer(x, self.name, "x"), buffer(out, self.name, "out")
+        xb, ob = buffer(x, self.name, "x", read_only=True), buffer(out, self.name, "out")
         same_kind(self.name, ob, xb)
         if counts is None:
             elements(self.name, "out", ob, comm.size * xb.numel)

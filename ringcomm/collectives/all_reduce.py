@@ -18,7 +18,7 @@ class AllReduce(Collective):
         return 2 * (size - 1) / size if size > 1 else 0.0
 
     def prepare(self, comm, x, op="sum", out=None) -> Call:
-        xb = buffer(x, self.name, "x")
+        xb = buffer(x, self.name, "x", read_only=out is not None and out is not x)
         op, factor = reduction(self.name, op, xb.dtype)
         if out is None or out is x:
             return Call(self, xb, None, dtype=xb.dtype, count=xb.numel, result=x, op=op, factor=factor,

@@ -26,7 +26,7 @@ class AllToAll(Collective):
         return (size - 1) / size if size > 1 else 0.0
 
     def prepare(self, comm, out, x, out_splits=None, in_splits=None) -> Call:
-        xb, ob = buffer(x, self.name, "x"), buffer(out, self.name, "out")
+        xb, ob = buffer(x, self.name, "x", read_only=True), buffer(out, self.name, "out")
         same_kind(self.name, ob, xb)
         n = comm.size
         sends = self._splits(in_splits, "in_splits", xb, n)

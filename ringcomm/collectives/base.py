@@ -160,8 +160,9 @@ class Collective:
 
 
 # -- argument checks shared by the collectives -------------------------------------------------
-def buffer(x, collective: str, argument: str) -> Buffer:
-    return as_buffer(x, collective, argument)
+def buffer(x, collective: str, argument: str, read_only: bool = False) -> Buffer:
+    """``read_only``: the call never writes it (module core/buffers.py, ``as_buffer``)."""
+    return as_buffer(x, collective, argument, read_only)
 
 
 def reduction(collective: str, op, dtype: DType) -> tuple:

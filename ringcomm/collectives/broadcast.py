@@ -18,7 +18,7 @@ class Broadcast(Collective):
         return 1.0
 
     def prepare(self, comm, x, root=0) -> Call:
-        xb = buffer(x, self.name, "x")
+        xb = buffer(x, self.name, "x")   # read and written, as MPI_Bcast's buffer is (not const)
         root = root_of(self.name, root, comm.size)
         return Call(self, xb, None, dtype=xb.dtype, count=xb.numel, result=x, root=root)
 

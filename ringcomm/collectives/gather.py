@@ -27,7 +27,7 @@ class Gather(Collective):
         return super().nbytes(call, size) * size
 
     def prepare(self, comm, out, x, root=0) -> Call:
-        xb = buffer(x, self.name, "x")
+        xb = buffer(x, self.name, "x", read_only=True)
         root = root_of(self.name, root, comm.size)
         if comm.rank != root:
             if out is not None:

@@ -25,7 +25,7 @@ class ReduceScatter(Collective):
         return (size - 1) / size if size > 1 else 0.0
 
     def prepare(self, comm, out, x, op="sum", counts=None) -> Call:
-        xb, ob = buffer(x, self.name, "x"), buffer(out, self.name, "out")
+        xb, ob = buffer(x, self.name, "x", read_only=True), buffer(out, self.name, "out")
         same_kind(self.name, ob, xb)
         op, factor = reduction(self.name, op, xb.dtype)
         if counts is None:

@@ -36,7 +36,7 @@ class Scatter(Collective):
             return Call(self, None, ob, dtype=ob.dtype, count=ob.numel, result=out, root=root, in_place=False)
         if x is None:
             raise bad_value(self.name, "x", f"an array of {comm.size * ob.numel} elements on root {root}", None)
-        xb = buffer(x, self.name, "x")
+        xb = buffer(x, self.name, "x", read_only=True)
         same_kind(self.name, ob, xb)
         elements(self.name, "x", xb, comm.size * ob.numel)
         disjoint(self.name, ob, xb)

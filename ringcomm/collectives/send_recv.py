@@ -40,7 +40,7 @@ class Send(Collective):
         return 1.0
 
     def prepare(self, comm, x, dst, tag=0) -> Call:
-        xb = buffer(x, self.name, "x")
+        xb = buffer(x, self.name, "x", read_only=True)
         call = Call(self, xb, None, dtype=xb.dtype, count=xb.numel, result=None)
         call.peer, call.tag = _peer(self.name, "dst", dst, comm), _tag(self.name, tag)
         return call

@@ -62,13 +62,15 @@ def is_torch(x) -> bool:
     return torch is not None and isinstance(x, torch.Tensor)
 
 
-def as_buffer(x, collective: str, argument: str) -> Buffer:
+def as_buffer(x, collective: str, argument: str, read_only: bool = False) -> Buffer:
+    """``read_only``: the call only reads this buffer (a send, an out-of-place input), so a
+    read-only numpy array is taken, as MPI takes a const send buffer."""
     if type(x) is np.ndarray:   # the common case first: no torch lookup
-        return _numpy_buffer(x, collective, argument)
+        return _numpy_buffer(x, collective, argument, read_only)
     if is_torch(x):
         return _torch_buffer(x, collective, argument)
     if isinstance(x, np.ndarray):
-        return _numpy_buffer(x, collective, argument)
+        return _numpy_buffer(x, collective, argument, read_only)
     if is_device_array(x):
         return _cupy_buffer(x, collective, argument)
     raise bad_type(collective, argument, "a torch.Tensor or numpy.ndarray, or a cupy.ndarray", type(x).__name__)
@@ -161,7 +163,7 @@ def address(a) -> int:
 _NUMPY_DTYPES = {d.storage: d for name, d in DTYPES.items() if name != "bfloat16"}
 
 
-def _numpy_buffer(x: np.ndarray, collective: str, argument: str) -> Buffer:
+def _numpy_buffer(x: np.ndarray, collective: str, argument: str, read_only: bool = False) -> Buffer:
     dtype = _NUMPY_DTYPES.get(x.dtype)
     if dtype is None or x.dtype.byteorder == ">":
         raise bad_type(collective, argument, f"an array of dtype {_SUPPORTED.replace('bfloat16, ', '')}",
@@ -170,6 +172,6 @@ def _numpy_buffer(x: np.ndarray, collective: str, argument: str) -> Buffer:
     if not flags.c_contiguous:
         raise bad_value(collective, argument, "a C-contiguous array (use np.ascontiguousarray)",
                         f"a non-contiguous array with strides {x.strides}")
-    if not flags.writeable:
+    if not flags.writeable and not read_only:
         raise bad_value(collective, argument, "a writable array", "a read-only array")
     return Buffer(x, x if x.ndim == 1 else x.reshape(-1), dtype, "numpy", "cpu")

@@ -72,7 +72,9 @@ class _Step:
         for op in step:   # receives first, so a peer's send never waits on our posting order
             if isinstance(op, Send):
                 continue
-            region = bufs[op.buf][op.off:op.off + op.count]
+            # An empty receive (a rooted call's confirmation barrier) into a scratch array: its
+            # buffer may be a read-only input, which mpi4py refuses even for no bytes.
+            region = bufs[op.buf][op.off:op.off + op.count] if op.count else _NOTHING
             tag = base + op.channel
             if isinstance(op, Recv):
                 recvs.append((op, transport.irecv(region, op.peer, tag)))
