@@ -113,6 +113,22 @@ def test_one_element_tensors_of_any_stride_move_like_gloo_moves_them():
         assert gathered == [1.0, 2.0] and summed == [0.0, 0.0, 6.0, 0.0]
 
 
+def test_an_even_all_to_all_single_splits_rows_and_refuses_a_dim_0_that_does_not_divide():
+    """5 float32 over 2 ranks were split by bytes, 10 and 10, cutting the third element in two
+    (gloo returns the same garbage); the rows must divide, as NCCL checks."""
+    def body(comm):
+        pg = group_of(comm)
+        with pytest.raises(UsageError, match=r"dim 0 of the tensor, 5, does not split evenly over 2 ranks"):
+            pg.alltoall_base(torch.empty(5), torch.ones(5), [], [])
+        x = torch.arange(8, dtype=torch.float32).view(4, 2) + 10 * comm.rank
+        out = torch.empty(4, 2)
+        pg.alltoall_base(out, x, [], []).wait()
+        return out.tolist()
+    for r, out in enumerate(run_threads(2, body, timeout=20)):
+        assert out == [[0.0 + 4 * r, 1.0 + 4 * r], [2.0 + 4 * r, 3.0 + 4 * r],
+                       [10.0 + 4 * r, 11.0 + 4 * r], [12.0 + 4 * r, 13.0 + 4 * r]]
+
+
 def test_inputs_that_overlap_their_outputs_give_what_gloo_gives():
     """gloo takes every input before writing an output; ringcomm's collectives refuse overlaps,
     and refused them on the ranks where they occurred while the others timed out. Copied first

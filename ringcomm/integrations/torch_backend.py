@@ -419,13 +419,14 @@ class RingcommProcessGroup(dist.ProcessGroup):
     def _row_bytes(self, argument: str, t: torch.Tensor, splits) -> list:
         splits = [int(s) for s in splits]
         nbytes = t.numel() * t.element_size()
+        rows = t.shape[0] if t.dim() else 1
         if not splits:
-            if nbytes % self._size:
-                raise bad_value("all_to_all_single", argument, f"split sizes (the tensor's {t.numel()} elements do "
+            # Rows, as NCCL checks: 5 float32 over 2 ranks split by bytes cut an element in two.
+            if rows % self._size:
+                raise bad_value("all_to_all_single", argument, f"split sizes (dim 0 of the tensor, {rows}, does "
                                 f"not split evenly over {self._size} ranks)", "none")
             return [nbytes // self._size] * self._size
         self._count("all_to_all_single", argument, len(splits), self._size, "split sizes")
-        rows = t.shape[0] if t.dim() else 1
         if any(s < 0 for s in splits) or sum(splits) != rows:
             raise bad_value("all_to_all_single", argument, f"non-negative sizes adding up to dim 0 ({rows})", splits)
         row = nbytes // rows if rows else 0
