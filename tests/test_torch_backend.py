@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import AllreduceOptions
 
+import ringcomm
 from mpi_util import run_mpi
 from ringcomm import CommError, CommTimeoutError, MismatchError, PeerAbortedError, UsageError
 from ringcomm.integrations.torch_backend import RingcommProcessGroup
@@ -127,6 +128,36 @@ def test_an_even_all_to_all_single_splits_rows_and_refuses_a_dim_0_that_does_not
     for r, out in enumerate(run_threads(2, body, timeout=20)):
         assert out == [[0.0 + 4 * r, 1.0 + 4 * r], [2.0 + 4 * r, 3.0 + 4 * r],
                        [10.0 + 4 * r, 11.0 + 4 * r], [12.0 + 4 * r, 13.0 + 4 * r]]
+
+
+def test_complex_reduce_and_reduce_scatter_sum_each_part_as_gloo_does():
+    """torch's all_reduce hands a backend complex tensors as real pairs, its reduce and
+    reduce_scatter do not: they were refused by dtype where gloo sums them."""
+    def body(comm):
+        pg, r = group_of(comm), comm.rank
+        z = torch.tensor([1 + 2j, 3 - 1j], dtype=torch.complex64) * (r + 1)
+        o = dist.ReduceOptions()
+        o.rootRank, o.reduceOp = 0, dist.ReduceOp.SUM
+        pg.reduce([z], o).wait()
+        x = torch.arange(4, dtype=torch.float64).to(torch.complex128) * (1 + 1j) + r
+        part = torch.empty(2, dtype=torch.complex128)
+        pg._reduce_scatter_base(part, x).wait()
+        parts = [torch.full((1 + i,), complex(r, -r), dtype=torch.complex64) for i in range(2)]
+        mine = torch.empty(1 + r, dtype=torch.complex64)
+        pg.reduce_scatter([mine], [parts]).wait()
+        refused = None
+        try:
+            o.reduceOp = dist.ReduceOp.PRODUCT
+            pg.reduce([z.clone()], o).wait()
+        except ringcomm.ArgumentTypeError as err:
+            refused = str(err)
+        return z.tolist(), part.tolist(), mine.tolist(), refused
+    for r, (z, part, mine, refused) in enumerate(run_threads(2, body, timeout=20)):
+        if r == 0:
+            assert z == [3 + 6j, 9 - 3j]
+        assert part == [complex(2 * k + 1, 2 * k) for k in (2 * r, 2 * r + 1)]
+        assert mine == [complex(1, -1)] * (1 + r)
+        assert refused is not None and "complex64" in refused
 
 
 def test_inputs_that_overlap_their_outputs_give_what_gloo_gives():

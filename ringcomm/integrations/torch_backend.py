@@ -45,8 +45,8 @@ from .torch_groups import Shared, forget_world, group_on, init_process_group, re
 from .torch_monitored import barrier_seconds
 from .torch_p2p import P2PWork
 from .torch_sparse import sparse_sum
-from .torch_tensors import (NUMPY, alike, apart, as_bytes, host_input, host_view, offsets_of, pack, raw, sizes_of, staged,
-                            uneven, unpack)
+from .torch_tensors import (NUMPY, alike, apart, as_bytes, host_input, host_view, offsets_of, pack, raw, real_pairs,
+                            sizes_of, staged, uneven, unpack)
 from .torch_work import ABORT_GRACE, Combined, Pending, Work, begin_range, call_site, seconds
 
 RedOp = dist.ReduceOp.RedOpType
@@ -267,7 +267,7 @@ class RingcommProcessGroup(dist.ProcessGroup):
         t = self._one(tensors, "reduce")
         opts = opts or ReduceOptions()
         op = _op(opts, "reduce")
-        work_t, back = staged(self.comm, t)
+        work_t, back = staged(self.comm, real_pairs(t, op))
         launch = _call(self.comm.reduce, host_view(work_t), root=opts.rootRank, op=op)
         return self._submit("reduce", [launch], tensors, back, opts, [t])
 
@@ -347,9 +347,12 @@ class RingcommProcessGroup(dist.ProcessGroup):
         self._count("reduce_scatter", f"input_list[{self._rank}]", counts[self._rank], out.numel())
         op = _op(opts, "reduce_scatter")
         buffer, _ = pack(chunks)
-        out_t, back = staged(self.comm, out)
+        pairs = real_pairs(out, op)
+        if pairs is not out:   # complex: counted in real parts
+            counts = [2 * c for c in counts]
+        out_t, back = staged(self.comm, pairs)
         launch = _call(self.comm.reduce_scatter, host_view(out_t).reshape(-1),
-                       host_view(alike(buffer.view(out.dtype), out_t)),
+                       host_view(alike(buffer.view(pairs.dtype), out_t)),
                        op=op, counts=uneven(counts))
         return self._submit("reduce_scatter", [launch], [out], back, opts, chunks)
 
@@ -359,8 +362,8 @@ class RingcommProcessGroup(dist.ProcessGroup):
         self._count("reduce_scatter_tensor", "input", input.numel(), self._size * output.numel())
         if output.dtype != input.dtype:
             raise bad_value("reduce_scatter_tensor", "output", f"a tensor of {input.dtype}", output.dtype)
-        out_t, back = staged(self.comm, output)
-        x = host_view(apart(alike(input, out_t), out_t))
+        out_t, back = staged(self.comm, real_pairs(output, op))
+        x = host_view(apart(alike(real_pairs(input, op), out_t), out_t))
         launch = _call(self.comm.reduce_scatter, host_view(out_t).reshape(-1), x.reshape(-1), op=op)
         return self._submit("reduce_scatter_tensor", [launch], [output], back, opts, [input])
 

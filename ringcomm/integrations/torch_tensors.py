@@ -72,6 +72,14 @@ def flat(t: torch.Tensor) -> torch.Tensor:
     return line if line.numel() > 1 or line.stride(0) == 1 else line.as_strided((line.numel(),), (1,))
 
 
+def real_pairs(t: torch.Tensor, op) -> torch.Tensor:
+    """A complex tensor as its (real, imaginary) pairs for a sum or an average, which act on each
+    part alone, as gloo sums complex tensors (torch's all_reduce does the same before it calls a
+    backend; its reduce and reduce_scatter do not); any other tensor or op as it is, for the
+    communicator to refuse by dtype."""
+    return torch.view_as_real(t) if t.is_complex() and op in ("sum", "avg") else t
+
+
 def apart(x: torch.Tensor, out: torch.Tensor, in_place_at: Optional[int] = None) -> torch.Tensor:
     """``x``, or a copy of it where its memory overlaps ``out``'s. gloo takes every input before it
     writes an output, so torch users may pass ``all_gather_into_tensor(out, out[:n])`` or
