@@ -72,9 +72,12 @@ class _Step:
         for op in step:   # receives first, so a peer's send never waits on our posting order
             if isinstance(op, Send):
                 continue
-            # An empty receive (a rooted call's confirmation barrier) into a scratch array: its
-            # buffer may be a read-only input, which mpi4py refuses even for no bytes.
-            region = bufs[op.buf][op.off:op.off + op.count] if op.count else _NOTHING
+            region = bufs[op.buf][op.off:op.off + op.count]
+            if not op.count and type(region) is np.ndarray:
+                # An empty host receive (a rooted call's confirmation barrier) into scratch: its
+                # buffer may be a read-only input, which mpi4py refuses even for no bytes. (A
+                # device one stays device memory: its road is the device transport's.)
+                region = _NOTHING
             tag = base + op.channel
             if isinstance(op, Recv):
                 recvs.append((op, transport.irecv(region, op.peer, tag)))
