@@ -15,6 +15,7 @@ computes the same one without asking.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from typing import TYPE_CHECKING, Optional
 
@@ -50,11 +51,8 @@ class SubCommunicators:
         return table.reshape(self.size, width)
 
     def _split(self, seq: int, color: Optional[int], key: int) -> Optional["Communicator"]:
-        offered = self._reserve_window_slots()
-        try:
+        with self._offered_window_slots() as offered:
             return self._split_with(seq, color, key, offered)
-        finally:
-            self._release_window_slots(offered)
 
     def _split_with(self, seq: int, color: Optional[int], key: int, offered: int) -> Optional["Communicator"]:
         rows = self._rows(seq, "split", [-1 if color is None else color, key, offered])
@@ -106,8 +104,7 @@ class SubCommunicators:
         return sub
 
     def _agree(self, seq: int, fingerprint: int, members: list) -> None:
-        offered = self._reserve_window_slots()
-        try:
+        with self._offered_window_slots() as offered:
             rows = self._rows(seq, "group", [fingerprint, offered])
             odd = [members[r] for r in range(self.size) if rows[r, 0] != fingerprint]
             if odd:
@@ -116,19 +113,19 @@ class SubCommunicators:
             free = int(np.bitwise_and.reduce(rows[:, 1]))
             if free:
                 self.transport.open_window((free & -free).bit_length() - 1)
-        finally:
-            self._release_window_slots(offered)
 
-    def _reserve_window_slots(self) -> int:
-        """Bit mask of the shared-window slots this rank offers the sub-communicator being made:
-        free ones that no other split in flight on this rank (another thread's) offers, so two
-        communicators made at once never take the same slot."""
+    @contextlib.contextmanager
+    def _offered_window_slots(self):
+        """Bit mask of the shared-window slots this rank offers the sub-communicator being made,
+        reserved while it is made: free ones that no other split in flight on this rank (another
+        thread's) offers, so two communicators made at once never take the same slot."""
         reserve = getattr(self.transport, "reserve_window_slots", None)
-        return 0 if reserve is None else reserve()
-
-    def _release_window_slots(self, offered: int) -> None:
-        if offered:
-            self.transport.release_window_slots(offered)
+        offered = 0 if reserve is None else reserve()
+        try:
+            yield offered
+        finally:
+            if offered:
+                self.transport.release_window_slots(offered)
 
 
 class _Split:

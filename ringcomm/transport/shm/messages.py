@@ -321,14 +321,16 @@ class Messages:
     def _discover(self, p: int) -> None:
         """Index ``p``'s new messages; post the MPI receive of each payload over MPI, in PUB
         order (lock held)."""
-        inc = self._in[p]
+        inc, dead = self._in[p], self._dead_contexts
         for slot in inc.discover():
             seg, _, nbytes = inc.fields(slot)
             if seg == VIA_MPI:
                 tmp = np.empty(nbytes, np.uint8)
                 self._mpi_in[p][inc.key(slot)] = (self.comm.Irecv(tmp, source=p, tag=self.payload_tag), tmp)
-        if self._dead_contexts:
-            self._drop_dead(p)
+            if dead:
+                key = inc.key(slot)
+                if key[0] >> CONTEXT_SHIFT in dead:
+                    self._drop(p, key)
 
     def drop_context(self, context: int) -> None:
         """A sub-communicator's view was closed: acknowledge, unread, every message of its context
@@ -341,21 +343,24 @@ class Messages:
                 return
             self._dead_contexts.add(context)
             for p in self.others:
-                self._discover(p)
+                self._discover(p)   # what arrives from now on is dropped as it is discovered
+                arrived = self._in[p].arrived
+                for key in [k for k in arrived if k[0] >> CONTEXT_SHIFT == context]:
+                    self._drop(p, key)
 
     def revive_context(self, context: int) -> None:
         """A new view takes ``context``: its messages are received again."""
         with self._lock:
             self._dead_contexts.discard(context)
 
-    def _drop_dead(self, p: int) -> None:
-        inc, dead = self._in[p], self._dead_contexts
-        for key in [k for k in inc.arrived if k[0] >> CONTEXT_SHIFT in dead]:
-            slot = inc.arrived.pop(key)
-            mpi = self._mpi_in[p].pop(key, None)
-            if mpi is not None:   # its MPI receive must still finish, or the sender's never does
-                self._orphans.append(mpi[0])
-            inc.ack(slot)   # a pipe's sender takes this as a refusal (_release)
+    def _drop(self, p: int, key: tuple) -> None:
+        """Acknowledge ``p``'s message ``key`` unread (lock held)."""
+        inc = self._in[p]
+        slot = inc.arrived.pop(key)
+        mpi = self._mpi_in[p].pop(key, None)
+        if mpi is not None:   # its MPI receive must still finish, or the sender's never does
+            self._orphans.append(mpi[0])
+        inc.ack(slot)   # a pipe's sender takes this as a refusal (_release)
 
     def progress(self) -> None:
         """Place sends waiting for pool room, publish what waits for a slot, return pool space
