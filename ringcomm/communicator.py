@@ -98,7 +98,7 @@ class Communicator(PointToPoint, SubCommunicators):
             if self._lacks_window(algorithms.get(collective, forced), transport.window):
                 raise UsageError(f"RINGCOMM_ALGO forces {collective}={forced}, which needs ranks that "
                                  f"share memory (a transport with a shared window: shm on one node, "
-                                 f"or threads); this job's {transport.name} transport has none")
+                                 f"or threads); this {self._windowless()}")
 
     # ---- collectives ------------------------------------------------------------------------------
     def all_reduce(self, x, op="sum", *, out=None, algorithm=None, async_op=False):
@@ -263,14 +263,24 @@ class Communicator(PointToPoint, SubCommunicators):
             raise bad_type(name, "algorithm", "a str or None", type(algorithm).__name__)
         chosen = algorithms.get(name, algorithm)
         if self._lacks_window(chosen, self._window_for(call)):
-            why = "offers no window for " + ("this array" if call.device != "cpu" else "this job") \
-                if self._window_for(call) is None else "cannot read peers' memory in place here (CMA is off)"
+            why = (f"{self.transport.name} transport offers no window for this array" if call.device != "cpu"
+                   else self._windowless()) if self._window_for(call) is None \
+                else f"{self.transport.name} transport cannot read peers' memory in place here (CMA is off)"
             raise bad_value(name, "algorithm", f"an algorithm other than {algorithm} (it needs ranks that "
-                            f"share host memory; this {self.transport.name} transport {why})", algorithm)
+                            f"share host memory; this {why})", algorithm)
         if chosen.kind == "schedule" and chosen.even_only and call.collective.is_uneven(call):
             raise bad_value(name, "algorithm", f"an algorithm for uneven counts (not {algorithm}, which needs "
                             f"equal counts on every rank)", algorithm)
         return algorithm
+
+    def _windowless(self) -> str:
+        """Why this communicator has no shared window, for errors that refuse a window algorithm."""
+        if not self.context:
+            return f"job's {self.transport.name} transport offers no window"
+        # A closed sub-communicator keeps its slot: a member still in it may read its region.
+        return ("sub-communicator offers no window: it gets one only where its members share a node and a "
+                "shared-window slot is free on each of them (7 per rank; a sub-communicator keeps its "
+                "slot after close, so a job that made 7 with windows has none left)")
 
     def _lacks_window(self, algorithm, window) -> bool:
         """Whether ``algorithm`` is a window algorithm that ``window`` (None: none) cannot run.

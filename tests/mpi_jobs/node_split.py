@@ -55,6 +55,25 @@ for comm, members, window in ((on_node, node_members, True), (nested, node_membe
     comm.all_gather(gathered, np.full(3, rank, np.int64))
     assert gathered.tolist() == [r for r in members for _ in range(3)], (rank, gathered)
 
+# Window slots run out: on_node, on_node.split(0) and nested took three of the seven; four more
+# dups take the rest, and the next one runs without a window. Its refusal of a forced one_shot
+# names that cause (it once said only "this job's shm transport offers no window"), and its
+# small calls stay exact on a schedule algorithm.
+more = [on_node.dup() for _ in range(4)]
+for comm in more:
+    check_all_reduce(comm, node_members, 256)
+    assert chosen(comm) == "one_shot", (rank, chosen(comm))
+spent = on_node.dup()
+check_all_reduce(spent, node_members, 256)
+assert chosen(spent) != "one_shot", (rank, chosen(spent))
+try:
+    spent.all_reduce(np.ones(8, np.float32), algorithm="one_shot")
+    raise AssertionError("one_shot ran without a window")
+except ringcomm.UsageError as err:
+    assert "slot" in str(err) and "7 per rank" in str(err), err
+for comm in more + [spent]:
+    comm.close()
+
 world.all_reduce(np.ones(5, np.float32))           # the parent goes on beside its splits
 world.barrier()
 if rank == 0:
