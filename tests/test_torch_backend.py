@@ -365,3 +365,42 @@ def test_torch_comm_hooks_train_like_on_gloo():
     proc = run_mpi(2, "torch_comm_hooks.py", timeout=240)
     _passed(proc, ["allreduce", "fp16_compress", "bf16_compress", "builtin_allreduce", "builtin_fp16_compress",
                    "powersgd", "noop", "powersgd_many_buckets", "batched_powersgd"])
+
+
+def test_negative_views_reduce_the_values_they_show():
+    """A negative view (``x.conj().imag``, ``torch._neg_view``) holds the negated values in memory.
+    The process group read memory, so a MAX over such views returned the negated minimum and a
+    broadcast into one from a plain root wrote the root's values negated, with no error (gloo
+    gives the values the views show). The native API refuses them, naming the argument."""
+    from torch._C._distributed_c10d import AllToAllOptions, BroadcastOptions, ReduceScatterOptions
+
+    def body(comm):
+        pg, r = group_of(comm), comm.rank
+        shown = torch.tensor([1.0, -5.0, 2.0, 7.0]) * (1 + r) - 3 * r
+        most = torch._neg_view(-shown)
+        o = opts(blocking=True)
+        o.reduceOp = dist.ReduceOp.MAX
+        pg.allreduce([most], o).wait()
+        into = torch._neg_view(torch.zeros(4))
+        b = BroadcastOptions()
+        b.rootRank = 1
+        pg.broadcast([into if r == 0 else shown.clone()], b).wait()
+        gathered = torch._neg_view(torch.zeros(8))
+        pg._allgather_base(gathered, torch._neg_view(-shown)).wait()
+        part = torch._neg_view(torch.zeros(2))
+        s = ReduceScatterOptions()
+        s.reduceOp = dist.ReduceOp.MAX
+        pg._reduce_scatter_base(part, torch._neg_view(-shown), s).wait()
+        swapped = torch.zeros(4)
+        pg.alltoall_base(swapped, torch._neg_view(-shown), [], [], AllToAllOptions()).wait()
+        with pytest.raises(UsageError, match=r'argument "x" \(expected a tensor without a lazy negation'):
+            comm.all_reduce(torch._neg_view(torch.ones(3)))
+        return [t.tolist() for t in (most, into, gathered, part, swapped)] + [shown.tolist()]
+
+    (most0, into0, gathered0, part0, swapped0, s0), (most1, _, gathered1, part1, swapped1, s1) = run_threads(2, body)
+    top = torch.maximum(torch.tensor(s0), torch.tensor(s1)).tolist()
+    assert most0 == most1 == top
+    assert into0 == s1
+    assert gathered0 == gathered1 == s0 + s1
+    assert (part0, part1) == (top[:2], top[2:])
+    assert swapped0 == s0[:2] + s1[:2] and swapped1 == s0[2:] + s1[2:]

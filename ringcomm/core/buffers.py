@@ -94,6 +94,9 @@ def _torch_buffer(x, collective: str, argument: str) -> Buffer:
             raise bad_value(collective, argument, "a dense tensor (call .to_dense() first)", f"a {x.layout} tensor")
         raise bad_value(collective, argument, "a contiguous tensor (call .contiguous() first)",
                         f"a non-contiguous tensor with strides {tuple(x.stride())}")
+    if x.is_neg():   # its memory holds the negated values: a max would find the minimum
+        raise bad_value(collective, argument, "a tensor without a lazy negation (call .resolve_neg() first)",
+                        "a negative view (its neg bit is set, as for x.conj().imag or torch._neg_view(x))")
     if x.is_cpu:
         dtype = DTYPES[name]
         return Buffer(x, host_view(x.data_ptr(), x.numel() * dtype.itemsize, dtype.storage), dtype, "torch", "cpu")

@@ -98,7 +98,14 @@ def apart(x: torch.Tensor, out: torch.Tensor, in_place_at: Optional[int] = None)
 def alike(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """``x`` contiguous on the device of ``like`` (the input of a call whose output is ``like``:
     a call's buffers must share one device); ``x`` itself when it already is."""
-    return x.detach().to(like.device).contiguous()
+    return resolved(x.detach().to(like.device)).contiguous()
+
+
+def resolved(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with its lazy conjugation or negation applied (a copy), or ``t`` itself where it has
+    none. A negative view (``x.conj().imag``, ``torch._neg_view``) holds the negated values in
+    memory; the communicator reads memory, so a max over such views would pick the minimum."""
+    return t.resolve_conj().resolve_neg()
 
 
 def dense(t: torch.Tensor) -> torch.Tensor:
@@ -112,7 +119,7 @@ def dense(t: torch.Tensor) -> torch.Tensor:
 
 def accepts(comm, t: torch.Tensor) -> bool:
     on_device = t.device.type == "cpu" or t.device.type in getattr(comm, "devices", ("cpu",))
-    return on_device and t.is_contiguous()
+    return on_device and t.is_contiguous() and not (t.is_neg() or t.is_conj())
 
 
 def staged(comm, t: torch.Tensor) -> tuple:
@@ -120,13 +127,13 @@ def staged(comm, t: torch.Tensor) -> tuple:
     of that copy or None)."""
     if accepts(comm, dense(t)):
         return t, None
-    host = t.detach().to("cpu", copy=True).contiguous()
+    host = resolved(t.detach().to("cpu", copy=True)).contiguous()
     return host, lambda: t.copy_(host.view(t.shape))
 
 
 def host_input(t: torch.Tensor) -> torch.Tensor:
     """A contiguous host tensor holding ``t``'s values (``t`` itself when it already is one)."""
-    return dense(t).detach().to("cpu").contiguous()
+    return resolved(dense(t).detach().to("cpu")).contiguous()
 
 
 def as_bytes(t: torch.Tensor) -> torch.Tensor:
