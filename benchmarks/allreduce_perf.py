@@ -344,6 +344,11 @@ def build_configs(args, world) -> tuple[list[Config], list[str]]:
             arena = allocate(2 * args.maxbytes + 256)
             configs.append(Config(backend + "+tbuf", "auto", lambda c, m=comm: ringcomm_call(m, c, None),
                                   lambda m=comm: last_algorithm(m), arena, comm=comm))
+        if args.empty_buffers:
+            import ringcomm
+            arena = ringcomm.empty(2 * args.maxbytes + 256, np.uint8)
+            configs.append(Config(backend + "+empty", "auto", lambda c, m=comm: ringcomm_call(m, c, None),
+                                  lambda m=comm: last_algorithm(m), arena, comm=comm))
     return configs, notes
 
 
@@ -646,6 +651,9 @@ def parse_args(argv=None):
     p.add_argument("--transport-buffers", action="store_true",
                    help="also run ringcomm/auto on buffers from comm.transport.allocate() (shared memory "
                         "peers read in place, as DDP buckets use), labelled backend 'ringcomm+tbuf'")
+    p.add_argument("--empty-buffers", action="store_true",
+                   help="also run ringcomm/auto on buffers from ringcomm.empty() (blocks the node's ranks "
+                        "map into each other), labelled backend 'ringcomm+empty'")
     p.add_argument("--tensor", default="numpy",
                    help="comma list: numpy, torch (ringcomm configs run on each; torch tensors are "
                         "allocated by torch)")

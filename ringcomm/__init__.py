@@ -9,13 +9,14 @@ from .core.ops import ReduceOp, premul_sum
 from .errors import (ArgumentTypeError, CommError, CommTimeoutError, MismatchError, NonFiniteError, PeerAbortedError,
                      RingcommError, UsageError)
 from .init import init, init_from_store
+from .memory import empty
 from .integrations.autoregister import install as _install_torch_backend
 from .work import Work
 
 _install_torch_backend()   # torch.distributed's backend "ringcomm", once torch is imported
 
 __all__ = [
-    "init", "init_from_store", "init_process_group", "Communicator", "ReduceOp", "premul_sum", "Work", "algorithms", "collectives",
+    "init", "init_from_store", "init_process_group", "empty", "Communicator", "ReduceOp", "premul_sum", "Work", "algorithms", "collectives",
     "RingcommError", "UsageError", "ArgumentTypeError", "CommError", "CommTimeoutError",
     "MismatchError", "NonFiniteError", "PeerAbortedError",
 ]

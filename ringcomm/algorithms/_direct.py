@@ -14,7 +14,6 @@ from typing import Callable, Optional
 import numpy as np
 
 from ..core import copying
-from ..core.buffers import address
 from ..selection.cost import Network
 from ._rounds import settle
 
@@ -24,8 +23,10 @@ CHUNK_BYTES = 512 << 10   # read and reduced a chunk at a time, so the chunk is 
 
 def exchange(window, stamp: int, word: int, trouble, arrays: tuple, rounds: int) -> list:
     """Round 1 of ``rounds``: post the addresses of ``arrays`` and return every rank's, in rank
-    order (a tuple of ints per rank), once every rank has posted them."""
-    return exchange_words(window, stamp, word, trouble, [address(a) for a in arrays], rounds)
+    order (a tuple of ints per rank), once every rank has posted them. Peers' buffers from
+    ``ringcomm.empty`` are mapped on the way (Window.learn), so reads and writes of them are
+    plain copies (window.reader, window.writer, window.mapped)."""
+    return window.learn(exchange_words(window, stamp, word, trouble, window.address_words(arrays), rounds))
 
 
 def exchange_words(window, stamp: int, word: int, trouble, words, rounds: int,
@@ -67,6 +68,9 @@ def reduce_part(window, reducer, bases: list, own, out, first: int, own_is_out: 
             if r == me:
                 return mine
             addr = bases[r] + (first + lo) * item
+            there = window.mapped(r, addr, m * item)
+            if there is not None:   # a block of r's mapped here (ringcomm.empty): reduced in place
+                return there.view(dtype)
             got = copying.like(buf, addr, m * item).view(dtype)
             read(r, addr, got)
             return got

@@ -26,7 +26,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from ..core.compiled import core_for
+from ..core.compiled import array_address, core_for
 from .polling import SPIN_SHARED, wait_polling
 
 POISON = -1              # the stamp of a rank that gave up (window stamps are never negative)
@@ -54,6 +54,11 @@ class Window:
     neither. ``pids``, where a transport gives them, say that ``reader`` is one plain CMA read of
     those processes: the compiled direct rounds (``direct_core``) then read peers themselves.
 
+    ``memory``, where the transport gives one (shm: PeerBuffers), opens peers' ``ringcomm.empty``
+    buffers here: a direct algorithm's rounds carry, beside each address, the block it lies in
+    (``address_words``), and ``learn`` maps the peers' blocks once; ``reader``, ``writer`` and
+    ``mapped`` then reach them with plain loads and stores instead of CMA (memory.py).
+
     ``aborted(peer)`` returns why the job or that peer gave up, or None. ``spin`` is how long a
     wait polls before it starts sleeping (polling.py): processes on cores of their own poll for
     a while, threads of one process (which would only hold the GIL their peers need) give the
@@ -63,9 +68,14 @@ class Window:
     def __init__(self, rank: int, regions: list, *, capacity: int = CAPACITY,
                  aborted: Callable[[int], Optional[str]] = lambda peer: None,
                  spin: float = SPIN_SECONDS, reader: Optional[Callable] = None,
-                 writer: Optional[Callable] = None, pids: Optional[tuple] = None):
+                 writer: Optional[Callable] = None, pids: Optional[tuple] = None, memory=None):
         self.rank, self.size, self.capacity = rank, len(regions), capacity
         self.reader, self.writer = reader, writer
+        self.memory = memory
+        self._mapped: list = [[] for _ in regions]   # per rank: (start, end, view) of its blocks mapped here
+        if memory is not None and reader is not None:
+            self._cma_read, self._cma_write = reader, writer
+            self.reader, self.writer = self._read, self._write
         self._scratch = np.empty(0, np.uint8)
         self.round = 0
         self._aborted, self.spin = aborted, spin
@@ -82,6 +92,57 @@ class Window:
                        for r in regions]
         self._views: dict = {}   # (count, dtype number) -> per parity, every rank's slot as such an array
         self._peers = [r for r in range(self.size) if r != rank]
+
+    # ---- peers' ringcomm.empty buffers (memory.py) ---------------------------------------------
+    def address_words(self, arrays) -> list:
+        """The words a direct algorithm posts for ``arrays``: each one's address, and where the
+        window has ``memory``, the four words that let peers map the block it lies in."""
+        if self.memory is None:
+            return [array_address(a) for a in arrays]
+        words = []
+        for a in arrays:
+            addr = array_address(a)
+            words.append(addr)
+            words.extend(self.memory.words(addr, a.nbytes))
+        return words
+
+    def learn(self, rows: list) -> list:
+        """Every rank's addresses (a tuple per rank) from the rows ``address_words`` posted;
+        peers' blocks not mapped here yet are mapped on the way."""
+        if self.memory is None:
+            return rows
+        for r, row in enumerate(rows):
+            if r == self.rank:
+                continue
+            for i in range(0, len(row), 5):
+                fd, ino, start, nbytes = row[i + 1:i + 5]
+                if ino and not any(s == start for s, _, _ in self._mapped[r]):
+                    view = self.memory.open(r, fd, ino, nbytes)
+                    if view is not None:
+                        self._mapped[r].append((start, start + nbytes, view))
+        return [row[0::5] for row in rows]
+
+    def mapped(self, rank: int, addr: int, nbytes: int) -> Optional[np.ndarray]:
+        """``nbytes`` at ``addr`` of ``rank``'s memory as a uint8 array here, where they lie in a
+        block of its that this process has mapped; else None."""
+        for start, end, view in self._mapped[rank]:
+            if start <= addr and addr + nbytes <= end:
+                return view[addr - start:addr - start + nbytes]
+        return None
+
+    def _read(self, rank: int, addr: int, dst: np.ndarray) -> None:
+        view = self.mapped(rank, addr, dst.nbytes) if self._mapped[rank] else None
+        if view is None:
+            self._cma_read(rank, addr, dst)
+        else:
+            np.copyto(dst.reshape(-1).view(np.uint8), view)
+
+    def _write(self, rank: int, addr: int, src: np.ndarray) -> None:
+        view = self.mapped(rank, addr, src.nbytes) if self._mapped[rank] else None
+        if view is None:
+            self._cma_write(rank, addr, src)
+        else:
+            np.copyto(view, src.reshape(-1).view(np.uint8))
 
     def scratch(self, nbytes: int) -> np.ndarray:
         """A private buffer of at least ``nbytes``, kept between calls (one call runs at a time on

@@ -35,6 +35,7 @@ from ..polling import spin_for
 from ..window import CAPACITY, JOB_CAPACITY, Window, region_bytes
 from . import cma, pipe, segments, staging
 from .messages import Messages, _bytes, _Send
+from .peer_buffers import PeerBuffers
 from .node import Node
 from .rings import CMA, RING_BYTES, Incoming, Outgoing, check_ordering, ring_view
 from .segments import Segment, address, align
@@ -258,7 +259,8 @@ class ShmTransport(Messages, Transport):
         # which the compiled direct rounds make themselves
         pids = None if self._memory.bounce else tuple(self._pids[r] for r in node_ranks)
         return dict(reader=lambda r, addr, dst: pull(node_ranks[r], addr, dst),
-                    writer=lambda r, addr, src: push(node_ranks[r], addr, src), pids=pids)
+                    writer=lambda r, addr, src: push(node_ranks[r], addr, src), pids=pids,
+                    memory=PeerBuffers([self._pids[r] for r in node_ranks]))
 
     def _make_window(self, regions: list):
         kwargs = dict(aborted=self.aborted_reason, spin=spin_for(self.n), capacity=JOB_CAPACITY,

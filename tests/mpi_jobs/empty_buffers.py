@@ -1,0 +1,75 @@
+"""Collectives on ``ringcomm.empty`` buffers, which the node's ranks map into each other
+(memory.py): every direct algorithm reads and writes them with plain loads and stores instead of
+CMA. Results are checked exactly against the same calls on ordinary arrays, bitwise across
+ranks, with every rank's buffers from ``empty``, with only some ranks' (the others reached by
+CMA), and out of place; and the blocks are shown to be mapped, so the new road is the one that ran.
+
+    mpirun -n 3 python empty_buffers.py      (prints "empty-buffers ok" on rank 0)
+"""
+import numpy as np
+import torch
+
+import ringcomm
+
+comm = ringcomm.init()
+rank, n = comm.rank, comm.size
+rng = np.random.default_rng(rank)
+
+
+def same_everywhere(a) -> None:
+    flat = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    every = np.empty(flat.size * n, np.uint8)
+    comm.all_gather(every, flat)
+    assert all(np.array_equal(every[:flat.size], every[r * flat.size:(r + 1) * flat.size]) for r in range(n)), rank
+
+
+def shared_here(count: int) -> bool:
+    """Whether this rank takes its buffers from ``empty`` in the mixed case (rank 0 does not)."""
+    return rank != 0 or count % 2 == 0
+
+
+for count in ((1 << 20) + 3, 3 << 20, 65536 * n):
+    for mixed in (False, True):
+        use_empty = shared_here(count) if mixed else True
+        make = (lambda c, d: ringcomm.empty(c, d)) if use_empty else (lambda c, d: np.empty(c, d))
+        for op in ("sum", "max", "prod"):
+            base = rng.standard_normal(count).astype(np.float32)
+            for algorithm in ("direct", None):
+                x, plain = make(count, np.float32), base.copy()
+                x[:] = base
+                comm.all_reduce(x, op, algorithm=algorithm)
+                comm.all_reduce(plain, op, algorithm=algorithm)   # ordinary arrays: CMA
+                assert np.array_equal(x.view(np.uint32), plain.view(np.uint32)), (rank, count, op, algorithm)
+                same_everywhere(x)
+                y, out = make(count, np.float32), make(count, np.float32)
+                y[:] = base
+                comm.all_reduce(y, op, out=out, algorithm=algorithm)
+                assert np.array_equal(out.view(np.uint32), plain.view(np.uint32)) and np.array_equal(y, base)
+        # The other direct collectives: gather into, scatter out of, broadcast over blocks.
+        whole = make(count * n, np.float64)
+        comm.all_gather(whole, np.full(count, rank, np.float64), algorithm="direct")
+        assert np.array_equal(whole, np.repeat(np.arange(n, dtype=np.float64), count)), rank
+        parts = make(count * n, np.int64)
+        parts[:] = np.arange(count * n) % 977 + rank
+        mine = make(count, np.int64)
+        comm.reduce_scatter(mine, parts, algorithm="direct")
+        assert np.array_equal(mine, n * (np.arange(count * n)[rank * count:(rank + 1) * count] % 977) + n * (n - 1) // 2)
+        b = make(count, np.int32)
+        b[:] = rank
+        comm.broadcast(b, root=n - 1, algorithm="direct")
+        assert np.all(b == n - 1), rank
+
+# Torch tensors from empty: DDP's kind of buffer.
+t = ringcomm.empty((1 << 20) + 5, torch.float32)
+t.fill_(rank + 0.5)
+comm.all_reduce(t, algorithm="direct")
+assert torch.all(t == sum(r + 0.5 for r in range(n))), rank
+
+# The blocks were mapped, so the plain-copy road ran: every peer's block is known to this rank's window.
+window = comm.transport.window
+assert window is not None and window.memory is not None, rank
+mapped_peers = [r for r in range(n) if window._mapped[r]]
+assert sorted(mapped_peers) == [r for r in range(n) if r != rank], (rank, mapped_peers)
+comm.barrier()
+if rank == 0:
+    print("empty-buffers ok", flush=True)
