@@ -156,3 +156,12 @@ def test_faults_are_caught_on_the_fast_road_of_repeated_small_calls(scenario, tm
             assert kind in ("MismatchError", "PeerAbortedError") and took < 5, (rank, kind, msg)
     if scenario in ("extra", "dtype", "skip"):
         assert any(kind == "MismatchError" for _, kind, _ in got.values()), got
+
+
+@pytest.mark.parametrize("case", ["all_reduce", "all_reduce_empty", "reduce_scatter", "all_gather"])
+def test_a_stopped_rank_resumed_after_its_peers_timed_out_raises_and_leaves_their_buffers_alone(case):
+    """SIGSTOP inside a large direct collective, SIGCONT after the peers' deadline and their reuse
+    of their buffers: the resumed rank once returned normally with values read out of the reused
+    buffers and went on writing into them (mpi_jobs/resumed_rank.py)."""
+    proc = run_mpi(3, "resumed_rank.py", case, timeout=120)
+    assert "resumed-rank ok" in proc.stdout, proc.stdout + proc.stderr

@@ -32,12 +32,20 @@ def settle(window, k: int, stamp: int, word: int, trouble: Callable, piece: int,
         # before the diagnosis looks at its slot: the round is re-tested before a stamp from
         # that next call is taken for a mismatch.
         done = lambda: window.lagging(k) is None   # noqa: E731
+        window.waiting = k   # a timeout here poisons with k: a stopped peer that resumes learns it
         while peer is not None:
             guard.stalled(peer, piece, pieces, done)
             peer = window.wait(k, STALL_CHECK)
+        window.waiting = None
     odd = window.odd_stamp(k, stamp, word)
     if odd is not None:
         trouble().mismatch(odd, window.stamp(odd, k), window.word(odd, k))
+    # Every rank posted round k, but one may have given up on it since: this rank was stopped
+    # (SIGSTOP, a debugger) past its deadline. Its peers' calls raised and their buffers are
+    # theirs again; the reads of this call may have seen them reused. Raise, never return them.
+    deserter = window.deserted(k)
+    if deserter is not None:
+        trouble().mismatch(deserter, window.stamp(deserter, k + 1), window.word(deserter, k + 1))
 
 
 def places(window, itemsize: int) -> int:

@@ -7,6 +7,8 @@ Phases (where the hook fires):
   segment     ``allocate``, after this rank created its segment file, before the handshake
   ring        the third non-empty message this rank sends over shared memory (mid-collective)
   one_shot    after this rank posted its second one-shot window round
+  direct      the first time this rank reaches into a peer's memory in a direct algorithm (its
+              reads or writes under way, the call's addresses traded)
   cma         after this rank published its first message for a peer to read by CMA
   pool_full   the first time a send of this rank waits for room in its staging pool
   ddp_bucket  left to the job script: ``fire("ddp_bucket", rank)`` where a DDP bucket launches
@@ -23,7 +25,7 @@ import sys
 import time
 from typing import NamedTuple, Optional
 
-PHASES = ("setup", "segment", "ring", "one_shot", "cma", "pool_full", "ddp_bucket")
+PHASES = ("setup", "segment", "ring", "one_shot", "direct", "cma", "pool_full", "ddp_bucket")
 SIGNALS = {"KILL": signal.SIGKILL, "TERM": signal.SIGTERM, "STOP": signal.SIGSTOP}
 
 

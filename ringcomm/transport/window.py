@@ -27,6 +27,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from ..core.compiled import array_address, core_for
+from ..errors import PeerAbortedError
 from .polling import SPIN_SHARED, wait_polling
 
 POISON = -1              # the stamp of a rank that gave up (window stamps are never negative)
@@ -73,11 +74,12 @@ class Window:
         self.reader, self.writer = reader, writer
         self.memory = memory
         self._mapped: list = [[] for _ in regions]   # per rank: (start, end, view) of its blocks mapped here
-        if memory is not None and reader is not None:
+        if reader is not None:
             self._cma_read, self._cma_write = reader, writer
             self.reader, self.writer = self._read, self._write
         self._scratch = np.empty(0, np.uint8)
         self.round = 0
+        self.waiting: Optional[int] = None   # the round a wait of this rank's is in (poison says it)
         self._aborted, self.spin = aborted, spin
         # The compiled one-shot all-reduce round over these same regions (core/_round.c), or None.
         # It posts and reads rounds exactly as the methods below do, so either may run any round.
@@ -138,6 +140,9 @@ class Window:
             np.copyto(dst.reshape(-1).view(np.uint8), view)
 
     def _write(self, rank: int, addr: int, src: np.ndarray) -> None:
+        if self.gave_up(rank):   # its call raised: that memory is the caller's again (deserted)
+            raise PeerAbortedError(f"rank {rank} gave up on this call ({self._aborted(rank) or 'it posted its poison'}): "
+                                   f"this rank does not write into its buffers")
         view = self.mapped(rank, addr, src.nbytes) if self._mapped[rank] else None
         if view is None:
             self._cma_write(rank, addr, src)
@@ -178,10 +183,28 @@ class Window:
         """This rank gave up: post its next round stamped POISON, so that a peer waiting for a round
         this rank will never post raises instead of completing it with a stale slot. The round it
         did post keeps its stamp: a peer still reading that one must find there what this rank
-        found (a mismatch is a MismatchError on every rank, not "a peer gave up")."""
+        found (a mismatch is a MismatchError on every rank, not "a peer gave up"). Its word is
+        the round this rank gave up waiting for (``waiting``), or -1: a peer stopped (SIGSTOP, a
+        debugger) that resumes and finds every rank's round k posted must still learn that a
+        rank gave up on round k, and with it on buffers it may have reused since (``deserted``)."""
         k = self.round + 1
         self._stamps[self.rank][k & 1][0] = POISON
+        self._shapes[self.rank][k & 1][0] = -1 if self.waiting is None else self.waiting
         self._flags[self.rank][0] = k
+
+    def deserted(self, k: int) -> Optional[int]:
+        """The first peer that posted round ``k`` and then gave up waiting for it, or None. Such a
+        peer's call raised: its buffers are the caller's again, not to be read or written."""
+        for peer in self._peers:
+            if self._flags[peer][0] == k + 1 and self._stamps[peer][(k + 1) & 1][0] == POISON \
+                    and self._shapes[peer][(k + 1) & 1][0] == k:
+                return peer
+        return None
+
+    def gave_up(self, peer: int) -> bool:
+        """Whether ``peer``'s newest round is its poison (it gave up, on this call or after it)."""
+        k = self._flags[peer][0]
+        return k > self.round and self._stamps[peer][k & 1][0] == POISON
 
     def stamp(self, rank: int, k: int) -> int:
         return self._stamps[rank][k & 1][0]

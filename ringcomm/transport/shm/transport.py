@@ -76,7 +76,7 @@ class _FaultWindow(Window):
 
     def __init__(self, *args, fire, **kwargs):
         super().__init__(*args, **kwargs)
-        self._fire = fire
+        self._fire, self._reached = fire, False
         self.core = self.direct_core = None   # the hook sits in publish(), which the compiled rounds do not call
 
     def publish(self, stamp, word=0):
@@ -84,6 +84,19 @@ class _FaultWindow(Window):
         if k == 2:
             self._fire("one_shot")
         return k
+
+    def mapped(self, rank, addr, nbytes):
+        self._reaching()
+        return super().mapped(rank, addr, nbytes)
+
+    def _write(self, rank, addr, src):
+        self._reaching()
+        return super()._write(rank, addr, src)
+
+    def _reaching(self):
+        if not self._reached:   # once: a rank stopped here and resumed goes on
+            self._reached = True
+            self._fire("direct")
 
 
 class ShmTransport(Messages, Transport):
@@ -265,7 +278,7 @@ class ShmTransport(Messages, Transport):
     def _make_window(self, regions: list):
         kwargs = dict(aborted=self.aborted_reason, spin=spin_for(self.n), capacity=JOB_CAPACITY,
                       **self._window_access(list(range(self.n))))
-        if self._fault is not None and self._fault.phase == "one_shot":
+        if self._fault is not None and self._fault.phase in ("one_shot", "direct"):
             return _FaultWindow(self.me, regions, fire=self._fire, **kwargs)
         return Window(self.me, regions, **kwargs)
 
