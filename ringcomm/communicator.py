@@ -41,6 +41,7 @@ from .work import Work
 DEFAULT_TIMEOUT = 300.0
 PLAN_MEMO = 1024   # distinct call shapes remembered; a training loop repeats a handful
 _log = logging.getLogger("ringcomm.selector")
+_EMPTY_BARRIER = Call(BARRIER, None, None, dtype=None, count=0)   # the shape of an empty call's meeting (_meet)
 
 
 class _Plan(NamedTuple):
@@ -358,10 +359,13 @@ class Communicator(PointToPoint, SubCommunicators):
             _log.info("rank %d %s #%d: %s, %d x %s (%s)", self.rank, call.name, seq, plan.algorithm, call.count,
                       call.dtype.name if call.dtype else "bytes", plan.why)
         self._entry.algorithm = plan.algorithm
+        dname = call.dtype.name if call.dtype else None
         if not plan.program:
+            # Uneven calls may move nothing on one rank and much on another: nothing to meet over.
+            if self.size > 1 and not call.collective.is_uneven(call):
+                self._meet(call, seq, dname)
             return
         inp, out = call.arrays()
-        dname = call.dtype.name if call.dtype else None
         if plan.window is not None:
             if self.size == 1:
                 if not call.in_place:
@@ -389,6 +393,16 @@ class Communicator(PointToPoint, SubCommunicators):
         with self.transport.stage(tuple(a for a in (inp, out) if a is not None)):
             executor.run(plan.program, self.transport, bufs, plan.reduce, envelope=envelope, timeout=self.timeout,
                          what=what)
+
+    def _meet(self, call: Call, seq: int, dname: Optional[str]) -> None:
+        """A call with nothing to move on this rank still meets its peers, in a barrier whose
+        messages carry this call's envelope: a rank whose call is empty where a peer's is not
+        (or is another collective) raises MismatchError with the peer. It once returned at
+        once, and its peers timed out waiting for it."""
+        program = algorithms.plan("barrier", "dissemination", self.rank, _EMPTY_BARRIER.shape(self.size, 1))
+        envelope = Envelope(seq, call.collective.code, dname, 0, op_code(call.op))
+        executor.run(program, self.transport, (None, None, None), None, envelope=envelope, timeout=self.timeout,
+                     what=self._what(call, seq, "dissemination"))
 
     def _device_route(self, call: Call, seq: int, algorithm: str) -> None:
         """The CUDA IPC transport, created by the first device call (a handshake over the node,

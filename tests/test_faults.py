@@ -59,6 +59,49 @@ def test_one_element_more_raises_mismatch_on_every_rank(algorithm):
     assert max(elapsed) < 5
 
 
+@pytest.mark.parametrize("call", ["all_reduce", "broadcast", "all_gather", "reduce_scatter", "gather",
+                                  "empty_vs_barrier"])
+@pytest.mark.parametrize("count", [1000, 1024, 3 << 20])
+def test_an_empty_call_where_peers_have_data_raises_on_every_rank_at_once(call, count):
+    """A rank whose call moves nothing once returned normally at once, and its peers timed out
+    waiting for it (300 s by default); an empty all_reduce against a barrier did the same. Now
+    the empty call meets its peers in a barrier that carries its envelope."""
+    def fn(comm):
+        n = 0 if comm.rank == 1 else count
+        x = np.ones(n * (comm.size if call == "reduce_scatter" else 1), np.float32)
+        if call == "all_reduce":
+            comm.all_reduce(x)
+        elif call == "broadcast":
+            comm.broadcast(x)
+        elif call == "all_gather":
+            comm.all_gather(np.empty(n * comm.size, np.float32), x)
+        elif call == "reduce_scatter":
+            comm.reduce_scatter(np.empty(n, np.float32), x)
+        elif call == "gather":
+            comm.gather(np.empty(n * comm.size, np.float32) if comm.rank == 0 else None, x)
+        else:
+            comm.barrier() if comm.rank == 1 else comm.all_reduce(np.ones(0, np.float32))
+    outcome, elapsed = run_each(3, fn, timeout=20)
+    for rank, err in enumerate(outcome):
+        assert isinstance(err, (MismatchError, PeerAbortedError)), (rank, err)
+    assert any(isinstance(e, MismatchError) for e in outcome)
+    assert max(elapsed) < 5
+
+
+def test_empty_calls_on_every_rank_still_complete_in_order():
+    def fn(comm):
+        empty = np.ones(0, np.float32)
+        for _ in range(3):
+            comm.all_reduce(empty)
+            comm.broadcast(empty, root=1)
+            comm.all_gather(np.empty(0, np.int64), np.empty(0, np.int64))
+        x = np.full(5, comm.rank, np.int64)
+        comm.all_reduce(x)
+        return x.tolist()
+    for result in run_threads(4, fn):
+        assert result == [6] * 5
+
+
 def test_other_dtype_of_the_same_width_raises_instead_of_reducing_garbage():
     def fn(comm):
         dtype = np.int32 if comm.rank == 0 else np.float32
