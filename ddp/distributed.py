@@ -11,13 +11,14 @@ so every backend of ringcomm.init works. See reducer.py for how buckets overlap 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import time
 from typing import Callable, Optional
 
 import torch
 from torch import nn
 
-from ringcomm.errors import bad_type, bad_value
+from ringcomm.errors import UsageError, bad_type, bad_value
 from ringcomm.integrations.torch_tensors import flat as flat_view
 
 from . import comm_hooks
@@ -30,15 +31,19 @@ NAME = "DistributedDataParallel"
 class DistributedDataParallel(nn.Module):
     def __init__(self, module: nn.Module, comm=None, *, bucket_cap_mb: float = 25, first_bucket_mb: float = 1,
                  broadcast_buffers: bool = True, find_unused_parameters: bool = False,
-                 gradient_as_bucket_view: bool = False):
+                 gradient_as_bucket_view: bool = False, static_graph: bool = False):
         super().__init__()
         if not isinstance(module, nn.Module):
             raise bad_type(NAME, "module", "a torch.nn.Module", type(module).__name__)
         for arg, value in (("bucket_cap_mb", bucket_cap_mb), ("first_bucket_mb", first_bucket_mb)):
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise bad_type(NAME, arg, "a number of MiB", type(value).__name__)
-            if value <= 0:
-                raise bad_value(NAME, arg, "a positive number of MiB", value)
+            if value < 0:   # 0, as in torch: a bucket per parameter
+                raise bad_value(NAME, arg, "a number of MiB >= 0", value)
+        # torch's static_graph promises the graph never changes, so that torch can skip work; this
+        # reducer finds each backward's used parameters without the promise, and takes it as a hint.
+        if not isinstance(static_graph, bool):
+            raise bad_type(NAME, "static_graph", "a bool", type(static_graph).__name__)
         if comm is None:
             import ringcomm
             comm = _default_comm(ringcomm)
@@ -57,9 +62,11 @@ class DistributedDataParallel(nn.Module):
         self.find_unused_parameters = find_unused_parameters
         self.gradient_as_bucket_view = gradient_as_bucket_view
         self.require_backward_grad_sync = True
+        self._sync_buffers = True   # broadcast buffers in the next forward (torch's require_forward_param_sync)
         self.timeline = from_env(comm.rank)
         self._hook_state = comm_hooks.CommState(comm)
         self._hook = comm_hooks.allreduce_hook
+        verify_same_model(comm, module)
         # Replicas start from rank 0's state, whatever each rank initialised.
         broadcast_tensors(comm, [p.data for p in module.parameters()] + [b.data for b in module.buffers()])
         dense = [named[k] for k in self._dense]
@@ -73,7 +80,10 @@ class DistributedDataParallel(nn.Module):
     # ---- training-loop API ---------------------------------------------------------------------
     def forward(self, *args, **kwargs):
         self.reducer.maybe_rebuild()
-        if self.broadcast_buffers:
+        # As torch's DDP: buffers are synchronised before a forward whose predecessor synchronised
+        # gradients (or the first), not after a no_sync or no_grad forward, whose buffer updates
+        # (BatchNorm's running stats) stay each rank's until the next synchronised step.
+        if self.broadcast_buffers and self._sync_buffers:
             buffers = [b.data for b in self.module.buffers()]
             if buffers:
                 broadcast_tensors(self.comm, buffers)
@@ -81,7 +91,8 @@ class DistributedDataParallel(nn.Module):
         out = self.module(*args, **kwargs)
         if self.timeline:
             self.timeline.span("forward", t0, time.perf_counter(), COMPUTE)
-        if torch.is_grad_enabled() and self.require_backward_grad_sync:
+        self._sync_buffers = torch.is_grad_enabled() and self.require_backward_grad_sync
+        if self._sync_buffers:
             tensors = [t for t in _tensors(out) if t.requires_grad]
             if tensors:
                 self.reducer.prepare_backward(tensors)
@@ -151,6 +162,48 @@ def _tensors(obj) -> list:
     if isinstance(obj, dict):
         return [t for x in obj.values() for t in _tensors(x)]
     return []
+
+
+def _model_entries(module: nn.Module) -> list:
+    """One line per parameter and buffer: what ranks must agree on to be replicas."""
+    return ([f"parameter {n}: shape {tuple(p.shape)}, {p.dtype}, requires_grad={p.requires_grad}"
+             for n, p in module.named_parameters()]
+            + [f"buffer {n}: shape {tuple(b.shape)}, {b.dtype}" for n, b in module.named_buffers()])
+
+
+def verify_same_model(comm, module: nn.Module) -> None:
+    """Every rank wraps the same model (names, shapes, dtypes, which parameters train), or every
+    rank raises UsageError naming the ranks that differ and, on each of those, its first
+    difference from rank 0. The parameters travel as bytes in one broadcast, so without this
+    two models of the same total size (a transposed weight, the same layers registered in another
+    order) were taken as replicas, rank 0's bytes reinterpreted in the other shapes."""
+    entries = _model_entries(module)
+    digest = hashlib.sha256("\n".join(entries).encode()).digest()
+    mine = torch.tensor([int.from_bytes(digest[:8], "little", signed=True)], dtype=torch.int64)
+    every = torch.empty(comm.size, dtype=torch.int64)
+    comm.all_gather(every, mine)
+    odd = [r for r in range(comm.size) if every[r] != every[0]]
+    if not odd:
+        return
+    text = "\n".join(entries).encode()
+    size = torch.tensor([len(text)], dtype=torch.int64)
+    comm.broadcast(size, root=0)
+    theirs = torch.zeros(int(size.item()), dtype=torch.uint8)
+    if comm.rank == 0:
+        theirs.copy_(torch.frombuffer(bytearray(text), dtype=torch.uint8))
+    comm.broadcast(theirs, root=0)
+    detail = ""
+    if comm.rank in odd:
+        reference = bytes(theirs.tolist()).decode().split("\n") if theirs.numel() else []
+        for k in range(max(len(entries), len(reference))):
+            here = entries[k] if k < len(entries) else "nothing"
+            there = reference[k] if k < len(reference) else "nothing"
+            if here != there:
+                detail = f"; entry {k} here is '{here}', on rank 0 '{there}'"
+                break
+    raise UsageError(f"{NAME}: the ranks wrap different models: rank(s) {odd} differ from rank 0 in their "
+                     f"parameters or buffers (names, shapes, dtypes, requires_grad){detail}. Every rank "
+                     f"must build the same model before wrapping it.")
 
 
 def broadcast_tensors(comm, tensors: list, root: int = 0) -> None:

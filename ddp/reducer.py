@@ -159,6 +159,7 @@ class Reducer:
         self._started = False
         self._ready_order: list = []
         self._unused: set = set()
+        self._used_unsynced: set = set()   # parameters given a gradient under no_sync since the last sync
         self._watch_q: queue.Queue = queue.Queue()
         self._finish_t: dict = {}
         # The watcher holds only the queue and the dict, so a dropped Reducer is collected, and
@@ -182,6 +183,7 @@ class Reducer:
         self.buckets = [_Bucket(b, members, self.params, b == len(groups) - 1, self._alloc)
                         for b, members in enumerate(groups)]
         self.slot = [None] * len(self.params)    # param index -> (bucket index, position)
+        self._layout = [(p.dtype, p.device) for p in self.params]   # what the buckets were built for
         for bucket in self.buckets:
             for pos, i in enumerate(bucket.members):
                 self.slot[i] = (bucket.index, pos)
@@ -225,6 +227,7 @@ class Reducer:
             if self._started:
                 raise UsageError("DistributedDataParallel: forward ran while the previous backward "
                                  "had not finished reducing gradients")
+            self._follow_conversions()
             self._armed = True
             self._pending = [len(b.members) for b in self.buckets]
             self._ready = [False] * len(self.params)
@@ -233,11 +236,22 @@ class Reducer:
             self._divisors: list = [None] * len(self.buckets)   # a sum still to divide (allreduce_sum_for_avg)
             self._launch_t = [0.0] * len(self.buckets)
             self._next = 0
+            # Used since the last synchronised backward: under no_sync too, as torch counts it.
+            self._used = [i in self._used_unsynced for i in range(len(self.params))]
             self._unused = self._unreachable(outputs) if self.find_unused else set()
         for out in outputs:
             # Fires when backward reaches the output: the start of backward, even if no parameter
             # gets a gradient at all.
             out.register_hook(self._output_grad)
+
+    def _follow_conversions(self) -> None:
+        """Rebuild the buckets, in their order, where parameters changed dtype or device since
+        they were built (``model.double()``, ``model.to(...)`` after wrapping, as torch allows):
+        a float32 bucket once took float64 gradients and rounded them on the way in and out."""
+        params, layout = self.params, self._layout
+        if all(p.dtype == d and p.device == v for p, (d, v) in zip(params, layout)):
+            return
+        self._build([i for b in self.buckets for i in b.members])
 
     def disarm(self) -> None:
         with self._lock:
@@ -275,13 +289,25 @@ class Reducer:
         self._t_backward = time.perf_counter()
         torch.autograd.Variable._execution_engine.queue_callback(self._finalize)
         for i in sorted(self._unused):
-            self._view(i).zero_()
+            self._keep(i)
             self._mark_ready(i)
+
+    def _keep(self, i: int) -> None:
+        """A parameter that gets no gradient in this backward contributes its ``.grad`` as it
+        stands (an accumulation under no_sync), or zeros where it has none, as torch's DDP does.
+        Zeros in every case once overwrote an accumulated gradient with the other ranks' average."""
+        grad, view = self.params[i].grad, self._view(i)
+        if grad is None:
+            view.zero_()
+        elif not _same_storage(grad, view):
+            view.copy_(grad)
 
     def _grad_ready(self, param: torch.Tensor) -> None:
         with self._lock:
-            if not self._armed:
-                return   # no_sync, or a backward that did not come from our forward
+            if not self._armed:   # no_sync, or a backward that did not come from our forward
+                if self.find_unused and param.grad is not None:
+                    self._used_unsynced.add(self._index[id(param)])   # used in the no_sync session
+                return
             try:
                 self._on_grad(param)
             except BaseException:
@@ -310,6 +336,7 @@ class Reducer:
                 param.grad = view
         if not self.rebuilt:
             self._ready_order.append(i)
+        self._used[i] = True
         self._mark_ready(i)
 
     def _mark_ready(self, i: int) -> None:
@@ -354,7 +381,7 @@ class Reducer:
         # way zero the slots and launch the remaining buckets, so that every rank has issued the
         # same collectives and ranks whose gradients were all there are not left waiting.
         for i in missing:
-            self._view(i).zero_()
+            self._keep(i)
             self._mark_ready(i)
         missing = [self.names[i] for i in missing] + [name for name, p in self.sparse if p.grad is None]
         if self.find_unused:
@@ -371,6 +398,8 @@ class Reducer:
                 error = error or err
                 results.append(None)
         self._watch_q.join()
+        used = self._globally_used() if self.find_unused and error is None else None
+        self._used_unsynced.clear()
         sums = self._sparse_sums() if error is None else []
         t_end = time.perf_counter()
         if error is not None:
@@ -379,15 +408,23 @@ class Reducer:
             names = ", ".join(missing)
             raise UsageError(
                 f"DistributedDataParallel: parameter(s) {names} received no gradient in this backward "
-                f"(.grad was left as it was; their slots went out as zeros so that no rank waits). "
+                f"(.grad was left as it was; their slots went out as that .grad, or zeros, so that no rank waits). "
                 f"Pass find_unused_parameters=True if some parameters are legitimately unused in "
                 f"forward, or make the loss depend on them.")
         for b, result in zip(launched, results):
-            self._write_back(self.buckets[b], result, self._divisors[b])
+            self._write_back(self.buckets[b], result, self._divisors[b], used)
         for (_, p), total in zip(self.sparse, sums):
             p.grad = total.div_(self.comm.size).to(p.device)
         self._record(t_wait, t_end)
         self.iteration += 1
+
+    def _globally_used(self) -> list:
+        """Per parameter, whether some rank gave it a gradient in this backward: one all-reduce
+        (max) of this rank's flags, issued after every bucket, as torch's local_used_map. A
+        parameter no rank used keeps its ``.grad`` untouched (None stays None)."""
+        flags = torch.tensor(self._used, dtype=torch.uint8)
+        self.comm.all_reduce(flags, op="max")
+        return flags.bool().tolist()
 
     def _sparse_sums(self) -> list:
         """Each sparse-gradient parameter's gradient summed over the ranks, in registration order
@@ -404,17 +441,30 @@ class Reducer:
             sums.append(sparse_sum(self.comm, grad, f"DistributedDataParallel: the gradient of {name}"))
         return sums
 
-    def _write_back(self, bucket: _Bucket, result, divisor: Optional[int] = None) -> None:
+    def _write_back(self, bucket: _Bucket, result, divisor: Optional[int] = None,
+                    used: Optional[list] = None) -> None:
         """The bucket's reduced gradients into ``.grad``; ``divisor``: the bucket holds sums,
-        divided here on the way (in place where ``.grad`` is the bucket's own memory)."""
-        if isinstance(result, (list, tuple)):
+        divided here on the way (in place where ``.grad`` is the bucket's own memory); ``used``:
+        per parameter whether any rank gave it a gradient (find_unused_parameters), else all."""
+        if isinstance(result, (list, tuple)) and len(result) == 1:
             result = result[0]
-        if isinstance(result, torch.Tensor) and result.data_ptr() != bucket.flat.data_ptr():
-            bucket.flat.copy_(result.reshape(-1))
+        flat = bucket.flat
+        # The hook's value becomes every gradient: anything but the bucket's shape would be
+        # broadcast into it (a scalar) or leave each rank its own unreduced gradients (None).
+        if not isinstance(result, torch.Tensor) or result.numel() != flat.numel() or result.is_complex() != flat.is_complex():
+            got = (f"a tensor of {result.numel()} elements ({result.dtype})" if isinstance(result, torch.Tensor)
+                   else type(result).__name__)
+            raise UsageError(f"DistributedDataParallel: comm hook {getattr(self.hook, '__name__', self.hook)}'s "
+                             f"future gave {got} for bucket {bucket.index}; expected a tensor of its "
+                             f"{flat.numel()} elements ({flat.dtype}), the reduced bucket")
+        if result.data_ptr() != flat.data_ptr():
+            flat.copy_(result.reshape(-1))
         if divisor is not None and self.as_view:
             bucket.flat.div_(divisor)
             divisor = None
         for pos, i in enumerate(bucket.members):
+            if used is not None and not used[i]:
+                continue   # no rank gave it a gradient: .grad stays as it was, as in torch
             p, view = self.params[i], bucket.views[pos]
             if self.as_view:
                 if not _same_storage(p.grad, view):

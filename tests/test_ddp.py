@@ -57,7 +57,7 @@ def test_bad_arguments_raise_before_communication():
         with pytest.raises(ringcomm.ArgumentTypeError, match='"module"'):
             ddp.DistributedDataParallel("not a module", comm)
         with pytest.raises(ringcomm.UsageError, match='"bucket_cap_mb"'):
-            ddp.DistributedDataParallel(nn.Linear(2, 2), comm, bucket_cap_mb=0)
+            ddp.DistributedDataParallel(nn.Linear(2, 2), comm, bucket_cap_mb=-1)
         model = ddp.DistributedDataParallel(nn.Linear(2, 2), comm)
         with pytest.raises(ringcomm.ArgumentTypeError, match='"hook"'):
             model.register_comm_hook(None, "allreduce")

@@ -38,3 +38,15 @@ def test_torch_distributed_on_ringcomm(backend):
     """torch.distributed backend "ringcomm", over each backend ringcomm.init offers."""
     out = run_mpi(2, "ddp_torch_backend.py", backend).stdout
     _checks_passed(out, 2, ["backend_name", "collectives", "torch_ddp_matches_gloo"])
+
+
+def test_ddp_matches_torch_ddp_where_they_once_parted():
+    """Against torch's DDP over gloo in one job: unused parameters (never, some steps, one rank,
+    after no_sync), buffers after no_sync, bucket_cap_mb=0, static_graph, a model converted after
+    wrapping; a comm hook's wrong result and ranks with different models raise
+    (mpi_jobs/ddp_vs_torch.py)."""
+    out = run_mpi(2, "ddp_vs_torch.py").stdout
+    for name in ("never_used", "used_some_steps", "used_on_one_rank", "no_sync_then_unused",
+                 "no_sync_then_unused_views", "buffers_after_no_sync", "bucket_cap_0", "static_graph",
+                 "double_after_wrap", "hook_result", "different_models"):
+        assert f"check {name} ok" in out, out

@@ -170,9 +170,10 @@ for (pname, p), q in zip(net.named_parameters(), ref.parameters()):
     assert err <= 1e-10, f"sparse_embedding: {pname} off by {err:g} from single-process training"
 print("check sparse_embedding ok", flush=True)
 
-# find_unused_parameters=True: `extra` unused everywhere -> its grads are zeros, no hang.
+# find_unused_parameters=True: `extra` unused everywhere -> no hang, and its .grad stays None, as
+# in torch's DDP (zeros once, which momentum and weight decay then moved: mpi_jobs/ddp_vs_torch.py).
 m = train("unused_found", unused=True, find_unused_parameters=True, first_bucket_mb=1e-5)
-assert torch.equal(m.module.extra.weight.grad, torch.zeros_like(m.module.extra.weight)), "unused grad not zero"
+assert m.module.extra.weight.grad is None, "a parameter no rank used got a .grad"
 print("check unused_zero_grad ok", flush=True)
 
 # find_unused_parameters=False: a clear error naming the parameter, then the comm still works.
