@@ -82,9 +82,14 @@ def format_size(nbytes: int) -> str:
     return str(nbytes)
 
 
+BACKENDS = ("ringcomm", "mpi", "gloo", "nccl", "mpi4py")
+
+
 def sweep(begin: int, end: int, factor: float, step: int = 0) -> list[int]:
     if factor <= 1 and step <= 0:
         raise ValueError("sweep needs -f > 1 or -i > 0, or the sizes never grow")
+    if begin > end:
+        raise ValueError(f"-b ({begin} bytes) is above -e ({end} bytes): no size to measure")
     sizes, s = [], begin
     while s <= end:
         sizes.append(s)
@@ -664,6 +669,9 @@ def parse_args(argv=None):
     args.backends = [b.strip() for b in args.backend.split(",") if b.strip()]
     args.collectives = [c.strip() for c in args.collective.split(",") if c.strip()]
     args.tensors = [t.strip() for t in args.tensor.split(",") if t.strip()]
+    unknown = [b for b in args.backends if b not in BACKENDS]
+    if not args.backends or unknown:
+        p.error(f"--backend: expected a comma list of {', '.join(BACKENDS)}, got {args.backend!r}")
     if not args.tensors or any(t not in ("numpy", "torch") for t in args.tensors):
         p.error(f"--tensor: expected a comma list of numpy, torch, got {args.tensor!r}")
     for c in args.collectives:
@@ -677,6 +685,11 @@ def parse_args(argv=None):
             names = {name for c in args.collectives if c != "sendrecv" for name in registry.names(c)}
             algorithms += sorted(names - set(algorithms))
         elif a not in algorithms:
+            from ringcomm import algorithms as registry
+            known = {name for c in args.collectives if c != "sendrecv" for name in registry.names(c)}
+            if a not in known | {"auto", "persistent"}:
+                p.error(f"--algorithm: {a!r} is no algorithm of {', '.join(args.collectives)} (expected auto, all, "
+                        f"persistent or one of {', '.join(sorted(known))})")
             algorithms.append(a)
     args.algorithms = algorithms
     if args.warmup < 0 or args.iters < 1 or args.rounds < 1:

@@ -228,7 +228,7 @@ def table(results: list[dict]) -> list[str]:
 
 
 def driver(args) -> int:
-    ranks = [int(k) for k in args.ranks.split(",")]
+    ranks = args.rank_counts
     if args.device == "cuda":
         import torch
         if not torch.cuda.is_available():
@@ -284,6 +284,19 @@ def main() -> int:
     p.add_argument("--json")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
+    try:
+        args.rank_counts = [int(k) for k in args.ranks.split(",")]
+    except ValueError:
+        p.error(f"--ranks: expected a comma list of rank counts, got {args.ranks!r}")
+    if not args.rank_counts or min(args.rank_counts) < 1:
+        p.error(f"--ranks: expected rank counts >= 1, got {args.ranks!r}")
+    for name in ("width", "depth", "batch", "steps"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name}: expected at least 1, got {getattr(args, name)}")
+    if args.warmup < 0:
+        p.error(f"--warmup: expected at least 0, got {args.warmup}")
+    if not args.job_timeout > 0:
+        p.error(f"--job-timeout: expected seconds > 0, got {args.job_timeout}")
     if args.worker:
         worker(args)
         return 0

@@ -445,3 +445,21 @@ def test_hosts_whose_reads_are_fast_price_direct_reads_with_their_own_link_unles
     tuned.set_host(2, 2, cache_bytes=480 << 20, fast_reads=True)
     net = tuned.explain("broadcast", 1 << 20, 2, **kw).network
     assert net.direct == Link(40e-6, 1 / 4e9, net.direct.gamma) and not net.fast_reads
+
+
+@pytest.mark.parametrize("tool,argv,argument", [
+    ("explain", ["--dtype", "nonsense"], "--dtype"), ("explain", ["--intra", "carrier-pigeon"], "--intra"),
+    ("explain", ["--inter", "smoke"], "--inter"), ("explain", ["--window", "garbage"], "--window"),
+    ("simulate", ["--max-ranks", "-5"], "--max-ranks"), ("simulate", ["--max-ranks", "1"], "--max-ranks"),
+    ("tune", ["--max-size", "garbage"], "--max-size"), ("tune", ["--rounds", "0"], "--rounds")])
+def test_the_tools_refuse_garbage_arguments_naming_them(tool, argv, argument, capsys):
+    """They once priced unknown dtypes and transports as the defaults, printed empty tables, or
+    (tune) died in a traceback from deep inside; tune refuses before any rank meets another."""
+    import importlib
+    main = importlib.import_module(f"ringcomm.selection.{tool}").main
+    try:
+        code = main(argv)
+    except SystemExit as exit_:
+        code = exit_.code
+    assert code == 2
+    assert argument in capsys.readouterr().err

@@ -16,7 +16,10 @@ from ..core import compiled, hugepages
 from ..errors import UsageError
 from ..transport.window import JOB_CAPACITY
 from .selector import Selector, describe
+from ..core.ops import DTYPES
 from .tuning import parse_size
+
+ROUTES = ("mpi", "shm", "threads")   # the transports the tuning prices (tuning.DEFAULT_LINKS)
 
 
 def node_map(ranks: int, ranks_per_node: int) -> tuple:
@@ -31,9 +34,9 @@ def main(argv=None) -> int:
     parser.add_argument("--ranks", type=int, default=2, help="world size (default 2)")
     parser.add_argument("--ranks-per-node", type=int, default=None,
                         help="ranks on each node (default: all on one node)")
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--intra", default="mpi", help="transport inside a node: mpi, shm, threads (default mpi)")
-    parser.add_argument("--inter", default="mpi", help="transport between nodes (default mpi)")
+    parser.add_argument("--dtype", default="float32", choices=list(DTYPES))
+    parser.add_argument("--intra", default="mpi", choices=ROUTES, help="transport inside a node (default mpi)")
+    parser.add_argument("--inter", default="mpi", choices=ROUTES, help="transport between nodes (default mpi)")
     parser.add_argument("--no-direct", action="store_true",
                         help="ranks cannot read each other's memory in place (CMA off): no direct algorithms")
     parser.add_argument("--no-compiled", action="store_true",
@@ -49,14 +52,20 @@ def main(argv=None) -> int:
                         help="cores each node's ranks share (default: enough for all; fewer prices oversubscription)")
     args = parser.parse_args(argv)
     try:
-        nbytes = parse_size(args.size)
+        try:
+            nbytes = parse_size(args.size)
+        except UsageError as err:
+            raise UsageError(f"--size: {err}") from None
         if args.ranks < 1:
             raise UsageError(f"--ranks must be >= 1, got {args.ranks}")
         per_node = args.ranks_per_node or args.ranks
         if per_node < 1:
             raise UsageError(f"--ranks-per-node must be >= 1, got {per_node}")
         if args.window is not None:
-            window = parse_size(args.window)
+            try:
+                window = parse_size(args.window)
+            except UsageError as err:
+                raise UsageError(f"--window: {err}") from None
         else:
             window = JOB_CAPACITY if args.intra in ("shm", "threads") and per_node >= args.ranks else 0
         if args.cores is not None and args.cores < 1:

@@ -120,6 +120,8 @@ def main(argv=None) -> int:
     parser.add_argument("--sizes", default="1K,1M,256M", help="sizes for the busbw table (default 1K,1M,256M)")
     parser.add_argument("--max-ranks", type=int, default=4096)
     args = parser.parse_args(argv)
+    if args.max_ranks < 2:   # the tables start at 2 ranks: fewer would print them empty
+        parser.error(f"--max-ranks: expected at least 2, got {args.max_ranks}")
     try:
         clusters = CLUSTERS
         if args.config:

@@ -440,7 +440,12 @@ def main(argv=None) -> int:
                              "forced algorithm and report where auto is more than 10%% off the best")
     args = parser.parse_args(argv)
     started = time.perf_counter()
-    top = parse_size(args.max_size)
+    try:
+        top = parse_size(args.max_size)
+    except UsageError as err:
+        parser.error(f"--max-size: {err}")
+    if args.rounds < 1:
+        parser.error(f"--rounds: expected at least 1, got {args.rounds}")
     sizes = [8 << k for k in range(40) if 8 << k <= top]     # every doubling from 8 B
     if args.quick:
         sizes = sizes[::3]
