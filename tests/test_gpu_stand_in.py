@@ -244,11 +244,17 @@ def test_ddp_and_the_torch_backend_keep_tensors_on_devices_the_communicator_list
     from ddp.comm_hooks import comm_accepts, device_type
     from ringcomm.integrations.torch_tensors import accepts as _accepts
 
-    class Tensor:   # the CPU build cannot make a CUDA tensor; _accepts reads these two things
+    class Tensor:   # the CPU build cannot make a CUDA tensor; _accepts reads these things
         device = torch.device("cuda", 0)
 
         def is_contiguous(self):
             return True
+
+        def is_neg(self):
+            return False
+
+        def is_conj(self):
+            return False
     devices = run_threads(1, lambda comm: comm.devices)[0]
     assert devices == ("cpu", "cuda")
     assert run_threads(2, lambda comm: comm.devices) == [("cpu",)] * 2   # the threads transport: host only
