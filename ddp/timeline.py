@@ -15,6 +15,7 @@ import time
 from typing import Optional
 
 from ringcomm import env
+from ringcomm.errors import UsageError
 
 COMPUTE, COMM, EVENTS = 0, 1, 2
 _TRACKS = {COMPUTE: "compute", COMM: "comm", EVENTS: "bucket events"}
@@ -44,6 +45,13 @@ class Timeline:
                                  "args": {"name": name}})
         self._events.append({"name": "process_name", "ph": "M", "pid": rank, "tid": 0,
                              "args": {"name": f"rank {rank}"}})
+        # Written now, empty: a path that cannot be written is said at construction, naming the
+        # variable, instead of in a traceback at exit that left the trace lost and exit code 0.
+        try:
+            self.write()
+        except OSError as err:
+            raise UsageError(f"RINGCOMM_TIMELINE: cannot write the timeline to {path!r} ({err.strerror}); "
+                             f"set it to a writable file path or unset it") from None
         atexit.register(self.write)
 
     def us(self, t: float) -> float:

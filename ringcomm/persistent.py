@@ -316,10 +316,13 @@ class Persistent:
         self.valid = guard_of(call)   # the output too: a resized out= must not be written
         self._window = None
         self._checked = False
+        self._active = None   # the Work of a start() not yet completed
 
     def __call__(self):
         """Run it and return the result (as the ordinary blocking call would)."""
         self._check()
+        if self._active is not None:
+            self._refuse_active()
         if self._window is not None:
             result = self._window.run()
             if result is not _SLOW:
@@ -327,14 +330,25 @@ class Persistent:
         return self.comm._start_prepared(self.call.copy(), self.algorithm, False)
 
     def start(self):
-        """Start it asynchronously: a ``Work`` whose ``wait()`` returns the result."""
+        """Start it asynchronously: a ``Work`` whose ``wait()`` returns the result. As with
+        MPI_Start, a persistent call runs once at a time: starting it again before its Work
+        completed raises (it once reduced twice in place: 1 became 4 on 2 ranks)."""
         self._check()
-        return self.comm._start_prepared(self.call.copy(), self.algorithm, True)
+        if self._active is not None:
+            self._refuse_active()
+        work = self._active = self.comm._start_prepared(self.call.copy(), self.algorithm, True)
+        return work
+
+    def _refuse_active(self) -> None:
+        if not self._active.is_completed():
+            raise UsageError(f"{self.call.name}: this persistent call was started and its Work has not "
+                             f"completed; wait() for it before running it again (MPI_Start's rule)")
+        self._active = None
 
     def _check(self) -> None:
         if not self.valid():
             raise UsageError(f"{self.call.name}: the buffer of this persistent call changed since all_reduce_init "
-                             f"(resized, re-pointed or re-typed); make a new one")
+                             f"(resized, re-pointed, re-typed or made read-only); make a new one")
         if not self._checked:   # the plan is known after the first run (the selector decides there)
             self._checked = True
             plan = self.comm._plan_for(self.call, self.algorithm)

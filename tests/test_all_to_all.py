@@ -7,7 +7,7 @@ import pytest
 
 from collective_grid import run
 from grid import SIZES, Case, data_cases, empty, make, raw_bytes, thin, values
-from ringcomm import Communicator, MismatchError, PeerAbortedError, algorithms, collectives
+from ringcomm import Communicator, MismatchError, PeerAbortedError, UsageError, algorithms, collectives
 from ringcomm.testing import run_threads
 from ringcomm.transport.threads import ThreadsTransport, ThreadsWorld
 
@@ -91,3 +91,17 @@ def test_window_all_to_all_refuses_a_block_of_another_length_on_every_rank(algor
     assert isinstance(got[0], MismatchError) and "rank 1 sends 1 elements to this rank, which expects 2" in str(got[0])
     assert all(isinstance(e, (MismatchError, PeerAbortedError)) for e in got[1:]), got
 
+
+
+def test_a_rank_whose_own_splits_disagree_about_its_own_block_is_refused_before_any_message():
+    """Its in_splits and out_splits disagree about the block it sends itself: a local argument
+    error (UsageError, raised before communication), not a MismatchError after a round trip."""
+    def body(comm):
+        with pytest.raises(UsageError, match=r'argument "out_splits" \(expected out_splits\[%d\] equal' % comm.rank):
+            comm.all_to_all(np.zeros(5, np.float32), np.zeros(4, np.float32), out_splits=[3, 2] if comm.rank == 0
+                            else [2, 3], in_splits=[2, 2])
+        x = np.arange(4, dtype=np.float32) + 10 * comm.rank
+        out = np.empty(4, np.float32)
+        comm.all_to_all(out, x)   # nothing was sent: the communicator goes on
+        return out.tolist()
+    assert run_threads(2, body) == [[0.0, 1.0, 10.0, 11.0], [2.0, 3.0, 12.0, 13.0]]

@@ -432,3 +432,13 @@ def test_a_sparse_gradient_outside_an_embedding_is_refused_by_name():
             model(torch.tensor([1, 2])).backward()
         return True
     assert run_threads(1, body) == [True]
+
+
+def test_an_unwritable_timeline_path_is_refused_at_construction(monkeypatch):
+    """It once failed only at exit, in a traceback, with the trace lost and exit code 0."""
+    monkeypatch.setenv("RINGCOMM_TIMELINE", "/proc/no-such-dir/trace.json")
+
+    def body(comm):
+        with pytest.raises(ringcomm.UsageError, match="RINGCOMM_TIMELINE"):
+            ddp.DistributedDataParallel(nn.Linear(2, 2), comm)
+    run_threads(1, body)

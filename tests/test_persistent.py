@@ -458,3 +458,27 @@ def test_the_p2p_memo_holds_few_buffers_and_no_large_or_one_off_ones():
         return entries, pinned, any(b is big or b.base is staging for b in bufs)
     for entries, pinned, held in run_threads(2, body):
         assert entries == FAST_ENTRIES and pinned <= FAST_BYTES and not held
+
+
+def test_a_persistent_call_runs_once_at_a_time():
+    """Started again before its Work completed, it once reduced twice in place (1 became 4 on 2
+    ranks); MPI_Start calls that erroneous. Now it raises, before any message moves. Rank 1 joins
+    late, so rank 0's first start is surely still in flight."""
+    import time
+
+    def body(comm):
+        x = np.ones(4, np.float32)
+        p = comm.all_reduce_init(x)
+        if comm.rank == 0:
+            work = p.start()
+            with pytest.raises(UsageError, match="has not completed"):
+                p.start()
+            with pytest.raises(UsageError, match="has not completed"):
+                p()
+            work.wait()
+        else:
+            time.sleep(0.3)
+            p.start().wait()
+        p()   # completed: it runs again
+        return x.tolist()
+    assert run_threads(2, body) == [[4.0] * 4] * 2
