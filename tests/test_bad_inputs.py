@@ -72,7 +72,7 @@ CASES = [
     (lambda c: c.all_to_all(np.zeros(8, np.float32), f32, out_splits=[4.0, 4]), UsageError, ['"out_splits"']),
     (lambda c: c.all_to_all(np.zeros(8, np.int32), f32), ArgumentTypeError, ['"out"', "float32", "int32"]),
     (lambda c: c.all_to_all(np.zeros(6, np.float32), f32), UsageError, ['"out"', "8 elements", "as many as x", "6"]),
-    (lambda c: c.all_to_all(np.zeros(6, np.float32), f32, out_splits=[3, 3], in_splits=[5, 3], algorithm="bruck"),
+    (lambda c: c.all_to_all(np.zeros(8, np.float32), f32, out_splits=[5, 3], in_splits=[5, 3], algorithm="bruck"),
      UsageError, ['"algorithm"', "uneven", "bruck"]),
     (lambda c: c.gather(np.zeros(16, np.float32), f32, root=1), UsageError, ['"out"', "None", "root 1"]),
     (lambda c: c.gather(None, f32, root=0), UsageError, ['"out"', "16 elements"]),

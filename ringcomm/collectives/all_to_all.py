@@ -33,15 +33,15 @@ class AllToAll(Collective):
         recvs = self._splits(out_splits, "out_splits", ob, n)
         elements(self.name, "x", xb, sum(sends))
         elements(self.name, "out", ob, sum(recvs))
-        me = comm.rank
-        if sends[me] != recvs[me]:   # the block a rank sends itself: its own two lists must agree
-            raise bad_value(self.name, "out_splits", f"out_splits[{me}] equal to in_splits[{me}] = {sends[me]} "
-                            f"(the block rank {me} sends itself)", recvs[me])
         if in_splits is None and out_splits is None and ob.numel != xb.numel:
             # Blocks of x's size / n go out and out's size / n come in: ranks could never agree.
             raise bad_value(self.name, "out", f"{xb.numel} elements, as many as x (or pass out_splits=)",
                             f"{ob.numel} elements")
         disjoint(self.name, ob, xb)
+        me = comm.rank
+        if sends[me] != recvs[me]:   # the block a rank sends itself: its own two lists must agree
+            raise bad_value(self.name, "out_splits", f"out_splits[{me}] equal to in_splits[{me}] = {sends[me]} "
+                            f"(the block rank {me} sends itself)", recvs[me])
         call = Call(self, xb, ob, dtype=xb.dtype, count=xb.numel, result=out, counts=sends,
                     recv_counts=recvs, in_place=False)
         call.uneven = in_splits is not None or out_splits is not None

@@ -9,8 +9,8 @@ to peers: the mode with a window in which a killed job leaves files for the next
 Every rank runs the same sequence, one step per phase (ringcomm/diagnostics/faults.py):
 init (setup), allocate (segment), an 8 MiB ring all-reduce through the staging pool (ring, and
 pool_full: the test sets RINGCOMM_SHM_POOL=1M so the ring's 1 MiB segments wait for room),
-one-shot all-reduces (one_shot), a 16 MiB ring all-reduce at RINGCOMM_SHM_CMA_MIN=16M (cma), and
-DDP steps whose bucket hook fires the ddp_bucket phase itself.
+one-shot all-reduces (one_shot), a 16 MiB ring all-reduce at RINGCOMM_SHM_CMA_MIN=16M (cma), a
+4 MiB direct all-reduce (direct), and DDP steps whose bucket hook fires the ddp_bucket phase itself.
 
 Each rank writes OUT_DIR/pid<R> first, then OUT_DIR/rank<R>.txt: "rank R at T: OUTCOME", T its
 wall-clock time (time.time(): the victim's fault line on stderr has the same clock).
@@ -63,6 +63,7 @@ try:
         comm.all_reduce(np.ones(64, np.float32), algorithm="one_shot")        # one_shot
     big = np.ones(4 << 20, np.float32)
     comm.all_reduce(big, algorithm="ring")                                    # cma
+    comm.all_reduce(np.ones(1 << 20, np.float32), algorithm="direct")          # direct
     ddp_steps(comm)                                                           # ddp_bucket
     comm.barrier()
     outcome = "ok"
