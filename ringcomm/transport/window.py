@@ -114,7 +114,7 @@ class Window:
         if self.memory is None:
             return rows
         for r, row in enumerate(rows):
-            if r == self.rank:
+            if r == self.rank or not any(row[2::5]):   # no inode: none of its buffers is a block
                 continue
             for i in range(0, len(row), 5):
                 fd, ino, start, nbytes = row[i + 1:i + 5]
@@ -127,13 +127,18 @@ class Window:
     def mapped(self, rank: int, addr: int, nbytes: int) -> Optional[np.ndarray]:
         """``nbytes`` at ``addr`` of ``rank``'s memory as a uint8 array here, where they lie in a
         block of its that this process has mapped; else None."""
-        for start, end, view in self._mapped[rank]:
+        blocks = self._mapped[rank]
+        if not blocks:
+            return None
+        for start, end, view in blocks:
             if start <= addr and addr + nbytes <= end:
                 return view[addr - start:addr - start + nbytes]
         return None
 
     def _read(self, rank: int, addr: int, dst: np.ndarray) -> None:
-        view = self.mapped(rank, addr, dst.nbytes) if self._mapped[rank] else None
+        if not self._mapped[rank]:
+            return self._cma_read(rank, addr, dst)
+        view = self.mapped(rank, addr, dst.nbytes)
         if view is None:
             self._cma_read(rank, addr, dst)
         else:
