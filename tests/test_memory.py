@@ -105,3 +105,21 @@ def test_a_peer_whose_block_cannot_be_opened_is_reached_by_cma_instead():
 def test_collectives_on_empty_buffers_are_exact_and_read_peers_in_place(ranks):
     proc = run_mpi(ranks, "empty_buffers.py")
     assert "empty-buffers ok" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_a_machine_without_room_for_a_block_gets_private_memory(monkeypatch):
+    """ENOSPC from posix_fallocate (a memory cgroup at its limit), or no memfd at all: empty()
+    returns ordinary private memory, which peers reach through CMA, and stops asking."""
+    import errno
+    calls = []
+
+    def no_room(size):
+        calls.append(size)
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(memory, "POOL", memory.Pool())
+    monkeypatch.setattr(memory, "_make", no_room)
+    for _ in range(3):
+        a = ringcomm.empty(1 << 20, np.float32)
+        a[...] = 2
+        assert np.all(a == 2) and memory.locate(a.ctypes.data, a.nbytes) is None
+    assert len(calls) == 1 and "ENOSPC" in memory.POOL.failed
