@@ -678,15 +678,13 @@ def parse_args(argv=None):
         if c not in COLLECTIVES:
             p.error(f"--collective: expected one of {', '.join(COLLECTIVES)}, got {c!r}")
     wanted = [a.strip() for a in args.algorithm.split(",") if a.strip()]
+    from ringcomm import algorithms as registry
+    known = {name for c in args.collectives if c != "sendrecv" for name in registry.names(c)}
     algorithms = []
     for a in wanted:
         if a == "all":
-            from ringcomm import algorithms as registry
-            names = {name for c in args.collectives if c != "sendrecv" for name in registry.names(c)}
-            algorithms += sorted(names - set(algorithms))
+            algorithms += sorted(known - set(algorithms))
         elif a not in algorithms:
-            from ringcomm import algorithms as registry
-            known = {name for c in args.collectives if c != "sendrecv" for name in registry.names(c)}
             if a not in known | {"auto", "persistent"}:
                 p.error(f"--algorithm: {a!r} is no algorithm of {', '.join(args.collectives)} (expected auto, all, "
                         f"persistent or one of {', '.join(sorted(known))})")

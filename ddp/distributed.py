@@ -178,14 +178,14 @@ def verify_same_model(comm, module: nn.Module) -> None:
     two models of the same total size (a transposed weight, the same layers registered in another
     order) were taken as replicas, rank 0's bytes reinterpreted in the other shapes."""
     entries = _model_entries(module)
-    digest = hashlib.sha256("\n".join(entries).encode()).digest()
+    text = "\n".join(entries).encode()
+    digest = hashlib.sha256(text).digest()
     mine = torch.tensor([int.from_bytes(digest[:8], "little", signed=True)], dtype=torch.int64)
     every = torch.empty(comm.size, dtype=torch.int64)
     comm.all_gather(every, mine)
     odd = [r for r in range(comm.size) if every[r] != every[0]]
     if not odd:
         return
-    text = "\n".join(entries).encode()
     size = torch.tensor([len(text)], dtype=torch.int64)
     comm.broadcast(size, root=0)
     theirs = torch.zeros(int(size.item()), dtype=torch.uint8)
@@ -194,7 +194,7 @@ def verify_same_model(comm, module: nn.Module) -> None:
     comm.broadcast(theirs, root=0)
     detail = ""
     if comm.rank in odd:
-        reference = bytes(theirs.tolist()).decode().split("\n") if theirs.numel() else []
+        reference = theirs.numpy().tobytes().decode().split("\n") if theirs.numel() else []
         for k in range(max(len(entries), len(reference))):
             here = entries[k] if k < len(entries) else "nothing"
             there = reference[k] if k < len(reference) else "nothing"

@@ -103,8 +103,8 @@ class GradBucket:
 def shared_allocator(comm) -> Optional[Callable]:
     """Bucket memory from ``ringcomm.empty`` on the ringcomm backend: blocks the node's ranks map
     into each other, so the all-reduce of a bucket reduces straight out of the peers' buckets and
-    stores into them, with plain loads and stores (2 ranks, 1-16 MiB: 2.3x faster than buckets in
-    private memory, which peers reach through the kernel; docs/ddp.md). Each rank allocates alone.
+    stores into them, with plain loads and stores instead of through the kernel, as for buckets in
+    private memory (docs/ddp.md, docs/performance.md round thirty-two). Each rank allocates alone.
     """
     if getattr(comm, "backend", None) != "ringcomm":
         return None

@@ -41,7 +41,6 @@ from .work import Work
 DEFAULT_TIMEOUT = 300.0
 PLAN_MEMO = 1024   # distinct call shapes remembered; a training loop repeats a handful
 _log = logging.getLogger("ringcomm.selector")
-_EMPTY_BARRIER = Call(BARRIER, None, None, dtype=None, count=0)   # the shape of an empty call's meeting (_meet)
 
 
 class _Plan(NamedTuple):
@@ -399,7 +398,7 @@ class Communicator(PointToPoint, SubCommunicators):
         messages carry this call's envelope: a rank whose call is empty where a peer's is not
         (or is another collective) raises MismatchError with the peer. It once returned at
         once, and its peers timed out waiting for it."""
-        program = algorithms.plan("barrier", "dissemination", self.rank, _EMPTY_BARRIER.shape(self.size, 1))
+        program = algorithms.plan("barrier", "dissemination", self.rank, BARRIER.prepare(self).shape(self.size, 1))
         envelope = Envelope(seq, call.collective.code, dname, 0, op_code(call.op))
         executor.run(program, self.transport, (None, None, None), None, envelope=envelope, timeout=self.timeout,
                      what=self._what(call, seq, "dissemination"))

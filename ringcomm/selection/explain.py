@@ -17,9 +17,9 @@ from ..errors import UsageError
 from ..transport.window import JOB_CAPACITY
 from .selector import Selector, describe
 from ..core.ops import DTYPES
-from .tuning import parse_size
+from .tuning import DEFAULT_LINKS, parse_size
 
-ROUTES = ("mpi", "shm", "threads")   # the transports the tuning prices (tuning.DEFAULT_LINKS)
+ROUTES = tuple(name for name in DEFAULT_LINKS if "-" not in name)   # the transports the tuning prices
 
 
 def node_map(ranks: int, ranks_per_node: int) -> tuple:
