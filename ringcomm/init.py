@@ -46,29 +46,31 @@ def init(backend: Optional[str] = None, *, timeout: Optional[float] = None) -> C
     if torchrun is not None:
         return init_from_store(*torchrun, timeout=timeout)
     MPI = _mpi()
-    _agree_with_launchers(MPI.COMM_WORLD, views)
-    from .topology import discover
-    world = MPI.COMM_WORLD.Dup()
-    ranks_here = ranks_on_this_host(world)
-    try:   # before anything that depends on them (env.check_all runs there, on every rank at once)
-        agreed = agreement.exchange(world.allgather, agreement.local(backend, ranks_here))
-    except BaseException:
-        world.Free()
-        raise
-    topology = discover(world)
-    polling.set_ranks_here(ranks_here)
+    from .bootstrap import Bootstrap
+    from .topology import Topology, node_name
+    boot = Bootstrap(MPI.COMM_WORLD, timeout)   # every exchange until the transport exists is bounded
     try:
+        _agree_with_launchers(boot, views)
+        places = boot.allgather((socket.gethostname(), node_name()), "hosts and nodes")
+        hosts = [host for host, _ in places]
+        ranks_here = hosts.count(hosts[boot.rank])
+        # before anything that depends on them (env.check_all runs there, on every rank at once)
+        agreed = agreement.exchange(lambda text: boot.allgather(text, "settings"),
+                                    agreement.local(backend, ranks_here))
+        topology = Topology.from_names(boot.rank, [node for _, node in places])
+        polling.set_ranks_here(ranks_here)
+        world = boot.comm
         if backend != "ringcomm":
             return communicator_class(backend)(world, topology, timeout=timeout)
         from .transport import factory
-        comm = Communicator(factory.build(world, topology, timeout), timeout=timeout, local_rank=topology.local_rank,
-                            local_size=topology.local_size, node_count=topology.node_count,
-                            topology=topology)
+        comm = Communicator(factory.build(world, topology, timeout, hosts=hosts), timeout=timeout,
+                            local_rank=topology.local_rank, local_size=topology.local_size,
+                            node_count=topology.node_count, topology=topology)
         agreed.apply(comm.selector)
         _direct_reads_from(comm, comm.selector.tuning)
         return comm
     except BaseException:
-        world.Free()   # a failed init leaves no MPI communicator behind
+        boot.free()   # a failed init leaves no MPI communicator behind
         raise
 
 
@@ -290,22 +292,23 @@ def launcher_problem(mpi_rank: int, mpi_size: int, views: list) -> Optional[str]
     return None
 
 
-def _agree_with_launchers(world, views: list) -> None:
+def _agree_with_launchers(boot, views: list) -> None:
     """Raise the launcher problem on every rank (some ranks may not see one), before any other
-    communication; at RINGCOMM_DEBUG=info, say when this is a world of one."""
-    mine = launcher_problem(world.Get_rank(), world.Get_size(), views)
-    if world.Get_size() == 1:
+    exchange (``boot``: bootstrap.Bootstrap); at RINGCOMM_DEBUG=info, say when this is a world
+    of one."""
+    mine = launcher_problem(boot.rank, boot.size, views)
+    if boot.size == 1:
         if mine is not None:
             raise UsageError(mine)
     else:
         ranks_of: dict = {}
-        for rank, text in enumerate(world.allgather(mine)):
+        for rank, text in enumerate(boot.allgather(mine, "launchers")):
             if text is not None:
                 ranks_of.setdefault(text, []).append(rank)
         if ranks_of:
             raise UsageError(" | ".join(f"rank{'s' * (len(rs) > 1)} {', '.join(map(str, rs))}: {text}"
                                         for text, rs in ranks_of.items()))
-    if world.Get_size() == 1:
+    if boot.size == 1:
         from .selection.selector import configure_debug_logging
         configure_debug_logging()
         said = " and ".join(f"{v.launcher}'s variables ({v.text})" for v in views)

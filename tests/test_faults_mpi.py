@@ -165,3 +165,32 @@ def test_a_stopped_rank_resumed_after_its_peers_timed_out_raises_and_leaves_thei
     buffers and went on writing into them (mpi_jobs/resumed_rank.py)."""
     proc = run_mpi(3, "resumed_rank.py", case, timeout=120)
     assert "resumed-rank ok" in proc.stdout, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("scenario", ["late", "stopped"])
+def test_a_rank_that_does_not_reach_init_in_time_fails_init_on_the_others(scenario, tmp_path):
+    """Rank 1 of 3 calls ringcomm.init 6 s late, or stops 6 s inside it before its first
+    exchange; the others' init(timeout=2) raises CommTimeoutError within the timeout, naming rank
+    1 where it can (bootstrap.py). Before, MPI's blocking Comm_dup and allgather waited for it
+    however long it took: forever for a rank that never came."""
+    run_mpi(3, "late_init.py", tmp_path, scenario, timeout=120)
+    seen = {}
+    for path in tmp_path.glob("rank*.txt"):
+        rank, took, outcome = re.match(r"rank (\d+) after ([\d.]+) s: (.*)", path.read_text()).groups()
+        seen[int(rank)] = (float(took), outcome)
+    assert sorted(seen) == [0, 1, 2], seen
+    for rank in (0, 2):
+        took, outcome = seen[rank]
+        assert 2.0 <= took < 4.0, (rank, took, outcome)
+        if scenario == "late":
+            assert outcome.startswith("CommTimeoutError: init: timed out after 2 s waiting for every one of the "
+                                      "job's 3 ranks to call ringcomm.init"), outcome
+        else:
+            assert outcome.startswith(f"CommTimeoutError: init on rank {rank}: timed out after 2 s in exchange #1 "
+                                      "(launchers) waiting for ranks [1]"), outcome
+    # The late rank finds the others gone: its own init gives up too, within its timeout (after
+    # its 6 s inside init where it stopped there).
+    took, outcome = seen[1]
+    assert outcome.startswith("CommTimeoutError: init") and took < (4.0 if scenario == "late" else 10.0), (took, outcome)
+    if scenario == "stopped":
+        assert "waiting for ranks [0, 2]" in outcome, outcome

@@ -8,6 +8,7 @@ shared memory. ``describe(transport)`` says which transport serves each peer.
 from __future__ import annotations
 
 import socket
+from typing import Optional
 
 from .. import env
 from ..errors import UsageError
@@ -21,9 +22,11 @@ def choice() -> str:
     return env.get("RINGCOMM_TRANSPORT")
 
 
-def build(mpi_comm, topology: Topology, timeout: float = 300.0) -> Transport:
+def build(mpi_comm, topology: Topology, timeout: float = 300.0, hosts: Optional[list] = None) -> Transport:
     """Collective over ``mpi_comm``: every rank calls it, with the same environment.
-    ``timeout`` bounds every handshake of the transports' setup (the communicator's timeout)."""
+    ``timeout`` bounds every handshake of the transports' setup (the communicator's timeout).
+    ``hosts``: every rank's hostname where the caller has gathered them already (init's bounded
+    exchange: bootstrap.py), else gathered here."""
     from .mpi import MPITransport
     from .routed import RoutedTransport
     mode = choice()
@@ -32,7 +35,7 @@ def build(mpi_comm, topology: Topology, timeout: float = 300.0) -> Transport:
         return MPITransport(mpi_comm)
     # Pretend nodes (RINGCOMM_NODE_ID) split a host; a node id reused on two hosts must not
     # join them, so a shared-memory group is (topology node, real host).
-    hosts = mpi_comm.allgather(socket.gethostname())
+    hosts = mpi_comm.allgather(socket.gethostname()) if hosts is None else hosts
     group_of = [(topology.node_of[r], hosts[r]) for r in range(size)]
     local = [r for r in range(size) if group_of[r] == group_of[rank]]
     color = min(local)

@@ -45,6 +45,10 @@ def ways(t):
 
 
 def fresh_world():
+    # The cases leave the ranks seconds apart (a rank sleeps past the timeout), and init is
+    # bounded by the timeout too (bootstrap.py): the job meets outside ringcomm first.
+    from mpi4py import MPI
+    MPI.COMM_WORLD.Barrier()
     comm = init_process_group(timeout=TIMEOUT)
     return comm, dist.get_rank(), dist.get_world_size()
 
