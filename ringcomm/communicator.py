@@ -33,7 +33,7 @@ from .errors import CommError, CommTimeoutError, PeerAbortedError, UsageError, b
 from .persistent import _SLOW, NO_LAST, FastCalls, Persistent, PreparedP2P
 from .point_to_point import PointToPoint
 from .selection.selector import Selector
-from .subcommunicators import _SPLIT, SubCommunicators
+from .subcommunicators import _DUP, _SPLIT, SubCommunicators
 from .transport.base import Transport
 from .transport.devices import cupy_installed
 from .work import Work
@@ -197,8 +197,10 @@ class Communicator(PointToPoint, SubCommunicators):
 
     def dup(self) -> "Communicator":
         """A communicator of the same ranks with its own sequence numbers and tags: for a second
-        thread that runs collectives of its own (collective over this communicator)."""
-        return self.split(0, self.rank)
+        thread that runs collectives of its own (collective over this communicator). A split of
+        one color, named dup in its errors and records."""
+        call = Call(_DUP, None, None, dtype=None, count=0, result=None)
+        return self._submit(call, lambda seq: self._split(seq, 0, self.rank, "dup"), async_op=False)
 
     def _sub(self, transport, topology, path) -> "Communicator":
         return Communicator(transport, timeout=self.timeout, selector=self.selector,

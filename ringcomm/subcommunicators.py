@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from .communicator import Communicator
 
 SPLIT_CODE = 11    # the envelope code of comm.split()'s exchange
-register_collective(SPLIT_CODE, "split")
+register_collective(SPLIT_CODE, "split or dup")   # dup is a split: the two meet
 
 
 class SubCommunicators:
@@ -50,12 +50,14 @@ class SubCommunicators:
                      what=f"{what} #{seq}")
         return table.reshape(self.size, width)
 
-    def _split(self, seq: int, color: Optional[int], key: int) -> Optional["Communicator"]:
+    def _split(self, seq: int, color: Optional[int], key: int, what: str = "split") -> Optional["Communicator"]:
+        """``what``: the call the user made (split or dup), in the words of its errors."""
         with self._offered_window_slots() as offered:
-            return self._split_with(seq, color, key, offered)
+            return self._split_with(seq, color, key, offered, what)
 
-    def _split_with(self, seq: int, color: Optional[int], key: int, offered: int) -> Optional["Communicator"]:
-        rows = self._rows(seq, "split", [-1 if color is None else color, key, offered])
+    def _split_with(self, seq: int, color: Optional[int], key: int, offered: int,
+                    what: str) -> Optional["Communicator"]:
+        rows = self._rows(seq, what, [-1 if color is None else color, key, offered])
         self._splits += 1
         groups: dict = {}
         for r in range(self.size):
@@ -129,15 +131,17 @@ class SubCommunicators:
 
 
 class _Split:
-    """Stands in for a collective object in the records of comm.split()."""
-    name = "split"
+    """Stands in for a collective object in the records of comm.split() and comm.dup()."""
     code = SPLIT_CODE
+
+    def __init__(self, name: str):
+        self.name = name
 
     def envelope_count(self, call):
         return 0
 
 
-_SPLIT = _Split()
+_SPLIT, _DUP = _Split("split"), _Split("dup")
 
 
 def _member_list(members, size: int, rank: int) -> list:

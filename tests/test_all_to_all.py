@@ -89,6 +89,8 @@ def test_window_all_to_all_refuses_a_block_of_another_length_on_every_rank(algor
     for t in threads:
         t.join(30)
     assert isinstance(got[0], MismatchError) and "rank 1 sends 1 elements to this rank, which expects 2" in str(got[0])
+    # named as every other error of the call: collective, sequence number, algorithm (it once said "all_to_all on")
+    assert str(got[0]).startswith(f"all_to_all #0 ({algorithm}, "), got[0]
     assert all(isinstance(e, (MismatchError, PeerAbortedError)) for e in got[1:]), got
 
 

@@ -156,6 +156,26 @@ def test_split_of_a_communicator_whose_ranks_disagree_on_the_call_is_an_error():
         run_threads(2, body, timeout=10)
 
 
+def test_a_dup_against_another_call_is_named_dup_and_a_dup_meets_a_split_of_one_color():
+    """dup() is a split of one color: its errors say dup (they said split #0), and it pairs with a
+    peer's split(0, key=rank) as MPI's would."""
+    from ringcomm import MismatchError, PeerAbortedError
+
+    def body(comm):
+        try:
+            return comm.dup() if comm.rank == 0 else comm.barrier()
+        except (MismatchError, PeerAbortedError) as err:
+            return err
+    caught = run_threads(2, body, timeout=10)
+    assert isinstance(caught[0], MismatchError) and str(caught[0]).startswith("dup #0 on rank 0: "), caught[0]
+    assert "expected split or dup, received barrier" in str(caught[0]), caught[0]
+
+    def mixed(comm):
+        sub = comm.dup() if comm.rank == 0 else comm.split(0, comm.rank)
+        return sub.all_reduce(np.array([comm.rank + 1.0]))
+    assert [float(x[0]) for x in run_threads(2, mixed)] == [3.0, 3.0]
+
+
 def test_two_live_sub_communicators_never_share_a_context_id(monkeypatch):
     """Context ids are hashes of the split path; should two collide on one transport, the second
     split fails instead of reading the first one's messages."""

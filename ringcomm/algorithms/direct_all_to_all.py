@@ -23,7 +23,6 @@ from functools import lru_cache, partial
 import numpy as np
 
 from ..core.buffers import address
-from ..errors import MismatchError
 from ..selection.cost import Network
 from . import _planned
 from ._direct import ADDRESS, exchange_words, reads
@@ -49,8 +48,8 @@ class DirectAllToAll(WindowAlgorithm):
     def run(self, window, src, dst, shape, reducer, stamp, word, trouble) -> None:
         me = window.rank
         if shape.counts[me] != shape.recv_counts[me]:
-            raise MismatchError(f"all_to_all on rank {me}: this rank's block to itself has {shape.counts[me]} "
-                                f"elements in x and {shape.recv_counts[me]} in out")
+            trouble().differs(f"this rank's block to itself has {shape.counts[me]} elements in x and "
+                              f"{shape.recv_counts[me]} in out")
         road = self.road(window, src, dst, shape, reducer, word)
         if road is not None:
             road(stamp, word, trouble)
@@ -100,8 +99,8 @@ def _read_peers(window, dst, shape, slots: list, stamp: int, word: int, trouble)
     for j in range(window.size):
         theirs = slots[j][2 + 2 * me]
         if theirs != recvs[j]:
-            raise MismatchError(f"all_to_all on rank {me}: rank {j} sends {theirs} elements to this rank, "
-                                f"which expects {recvs[j]} from it (out_splits)")
+            trouble().differs(f"rank {j} sends {theirs} elements to this rank, which expects {recvs[j]} from it "
+                              f"(out_splits)")
         if theirs and j != me:
             window.reader(j, slots[j][0] + slots[j][1 + 2 * me] * dst.itemsize, dst[roff[j]:roff[j] + theirs])
     sync(window, stamp, word, trouble, 1, 2)

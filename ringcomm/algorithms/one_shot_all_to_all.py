@@ -28,7 +28,6 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from ..errors import MismatchError
 from ..selection.cost import Network
 from . import _planned
 from ._direct import exchange_words
@@ -70,15 +69,14 @@ class OneShotAllToAll(PlannedAlgorithm):
             rows = exchange_words(window, stamp, word, trouble, list(sends), guess)
             for j in range(n):
                 if j != me and rows[j][me] != recvs[j]:
-                    raise MismatchError(f"all_to_all on rank {me}: rank {j} sends {rows[j][me]} elements to "
-                                        f"this rank, which expects {recvs[j]} from it (out_splits)")
+                    trouble().differs(f"rank {j} sends {rows[j][me]} elements to this rank, which expects "
+                                      f"{recvs[j]} from it (out_splits)")
             longest = max(max(row) for row in rows)   # every rank runs as many rounds
         else:
             longest = sends[0]
         pieces = pieces_of(longest, q)
         if sends[me] != recvs[me]:
-            raise MismatchError(f"all_to_all on rank {me}: this rank's block to itself has {sends[me]} "
-                                f"elements in x and {recvs[me]} in out")
+            trouble().differs(f"this rank's block to itself has {sends[me]} elements in x and {recvs[me]} in out")
         dst[roff[me]:roff[me] + recvs[me]] = src[soff[me]:soff[me] + sends[me]]
         for i in range(pieces):
             lo = i * q

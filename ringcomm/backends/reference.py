@@ -73,8 +73,9 @@ class ReferenceCommunicator(Communicator):
         raise NotImplementedError
 
     # ---- sub-communicators ----------------------------------------------------------------------
-    def _split(self, seq: int, color, key: int):
-        """Agree on the groups over MPI, then let the library build each (``_sub_backend``)."""
+    def _split(self, seq: int, color, key: int, what: str = "split"):
+        """Agree on the groups over MPI, then let the library build each (``_sub_backend``).
+        ``what`` (split or dup) names nothing here: MPI's calls raise their own errors."""
         table = self.world.allgather((color, key))
         members = None
         if color is not None:

@@ -338,6 +338,11 @@ class WindowGuard:
         """``done()`` re-tests the round before a mismatch is declared (_Watch.diagnose)."""
         self.watch.stalled(Recv(peer, 0, self.count), piece, pieces, done)
 
+    def differs(self, reason: str) -> None:
+        """Raise MismatchError for what a round found in the peers' posted words (an uneven
+        all_to_all's lengths), in the words of every other error of this call."""
+        raise MismatchError(f"{self.what} on rank {self.rank}: {reason}")
+
     def mismatch(self, peer: int, stamp: int, word: int = 0) -> None:
         """``stamp`` and ``word`` are the peer's window stamp (envelope.window_stamp) and shape word."""
         if stamp == POISON:   # the peer gave up: its abort notice (sent before the poison) says why
