@@ -17,15 +17,22 @@ made (posix_fallocate), so a short machine says ENOSPC here, where ``empty`` fal
 private memory, instead of SIGBUS later.
 
 A block outlives the arrays carved from it: when the last view of one is gone the block goes
-back to this process's pool, for the next ``empty`` of that size, and is never unmapped. Peers
-therefore may cache their mapping for as long as this process lives (a mapped range of a rank is
-that block for good), and the memory this process holds is its peak, as with torch's caching
-allocators. A child made by fork starts with an empty pool: it inherits the mappings, shared
-with its parent, and must not hand them out again.
+back to this process's pool, and is never unmapped. Peers therefore may cache their mapping for
+as long as this process lives (a mapped range of a rank is that block for good). A later
+``empty`` takes the smallest free block that holds it and wastes at most half of it (``SLACK``):
+a freed block once served only requests of its exact size, so a program whose buffer sizes vary
+(a last short batch, buckets rebuilt) made a new block, and held one more descriptor, for every
+size it ever asked for. The memory this process holds is then about its peak, as with torch's
+caching allocators. Each block keeps its descriptor open (peers open it through /proc), so
+blocks stop at a quarter of the process's descriptor limit (``most_blocks``): beyond, ``empty``
+returns private memory rather than starve the program's own files and sockets. A child made by
+fork starts with an empty pool: it inherits the mappings, shared with its parent, and must not
+hand them out again.
 """
 from __future__ import annotations
 
 import bisect
+import ctypes
 import errno
 import logging
 import mmap
@@ -41,6 +48,7 @@ from .errors import bad_type, bad_value
 
 MIN_BYTES = 256 << 10   # smaller buffers gain nothing (the direct algorithms run from a few MiB)
 GRAIN = 64 << 10        # block sizes are multiples of this, so freed blocks fit later requests
+SLACK = 2               # a free block serves requests of more than 1/SLACK of its size
 
 _log = logging.getLogger("ringcomm")
 
@@ -67,22 +75,33 @@ class _Lease:
 
 
 class Pool:
-    """This process's blocks: ``blocks`` sorted by address (for ``locate``), ``free`` by size."""
+    """This process's blocks: ``blocks`` sorted by address (for ``locate``), ``free`` by size
+    (``free_sizes``: the sizes with a free block, sorted)."""
 
     def __init__(self):
         self.lock = threading.Lock()
         self.blocks: list = []
         self.starts: list = []
         self.free: dict = {}
+        self.free_sizes: list = []
         self.failed: Optional[str] = None   # why memfds cannot be made here, once found
+        self.most_blocks = _most_blocks()
+        self.said_full = False
 
     def take(self, nbytes: int) -> Optional[Block]:
         size = -(-nbytes // GRAIN) * GRAIN
         with self.lock:
-            spare = self.free.get(size)
-            if spare:
-                return spare.pop()
+            spare = self._fitting(size)
+            if spare is not None:
+                return spare
             if self.failed is not None:
+                return None
+            if len(self.blocks) >= self.most_blocks:   # freed blocks still serve: only new ones stop
+                if not self.said_full:
+                    self.said_full = True
+                    _log.info("ringcomm.empty: no new shared block: %d blocks hold a file descriptor each, a "
+                              "quarter of this process's limit (RLIMIT_NOFILE); private memory for sizes no free "
+                              "block holds", len(self.blocks))
                 return None
         try:
             block = _make(size)
@@ -98,9 +117,24 @@ class Pool:
             self.blocks.insert(i, block)
         return block
 
+    def _fitting(self, size: int) -> Optional[Block]:
+        """The smallest free block of at least ``size`` bytes and at most SLACK times it, taken
+        out of the free lists (under the lock)."""
+        i = bisect.bisect_left(self.free_sizes, size)
+        if i == len(self.free_sizes) or self.free_sizes[i] > SLACK * size:
+            return None
+        spare = self.free[self.free_sizes[i]]
+        block = spare.pop()
+        if not spare:
+            del self.free[block.nbytes]
+            del self.free_sizes[i]
+        return block
+
     def give_back(self, block: Block) -> None:
         with self.lock:
             if block in self.blocks:   # not a parent's block in a forked child (forget)
+                if block.nbytes not in self.free:
+                    bisect.insort(self.free_sizes, block.nbytes)
                 self.free.setdefault(block.nbytes, []).append(block)
 
     def locate(self, addr: int, nbytes: int) -> Optional[Block]:
@@ -117,18 +151,48 @@ class Pool:
     def forget(self) -> None:
         """In a forked child: the parent's blocks are shared with it, never to be handed out here."""
         self.lock = threading.Lock()
-        self.blocks, self.starts, self.free = [], [], {}
+        self.blocks, self.starts, self.free, self.free_sizes = [], [], {}, []
+
+
+def _most_blocks() -> int:
+    """A quarter of this process's soft descriptor limit (at least 16)."""
+    try:
+        import resource
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return 256
+    return 1 << 20 if soft == resource.RLIM_INFINITY else max(16, soft // 4)
 
 
 def _make(size: int) -> Block:
     fd = os.memfd_create("ringcomm-buffer", os.MFD_CLOEXEC)
     try:
         os.posix_fallocate(fd, 0, size)   # every page now, or ENOSPC now: never SIGBUS later
-        mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        addr = _map_shared(fd, size)
     except BaseException:
         os.close(fd)
         raise
-    return Block(fd, np.frombuffer(mm, np.uint8))
+    return Block(fd, np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(addr)))
+
+
+def _map_shared(fd: int, size: int) -> int:
+    """mmap(2) of ``fd``, shared and writable, through libc: Python's mmap.mmap keeps a duplicate
+    of the descriptor, two per block where the block's own is all that peers need, and a block is
+    never unmapped anyway. OSError on failure."""
+    global _libc_mmap
+    if _libc_mmap is None:
+        f = ctypes.CDLL(None, use_errno=True).mmap
+        f.restype = ctypes.c_void_p
+        f.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+        _libc_mmap = f
+    addr = _libc_mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+    if addr is None or addr == ctypes.c_void_p(-1).value:   # MAP_FAILED
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+    return addr
+
+
+_libc_mmap = None
 
 
 POOL = Pool()

@@ -41,7 +41,7 @@ def test_small_and_empty_buffers_are_private_memory():
     assert ringcomm.empty(0, torch.float32).shape == (0,)
 
 
-def test_a_freed_block_serves_the_next_buffer_of_its_size_and_no_other():
+def test_a_freed_block_serves_the_next_buffer_it_holds_with_at_most_half_to_spare():
     a = ringcomm.empty(1 << 20, np.float32)
     block = memory.locate(a.ctypes.data, a.nbytes)
     view = a[10:20]
@@ -56,6 +56,49 @@ def test_a_freed_block_serves_the_next_buffer_of_its_size_and_no_other():
     assert memory.locate(again.ctypes.data, again.nbytes) is block
     bigger = ringcomm.empty(1 << 21, np.float32)
     assert memory.locate(bigger.ctypes.data, bigger.nbytes) is not block
+    del again
+    gc.collect()
+    smaller = ringcomm.empty(3 << 18, np.int32)   # 3 MiB from the 4 MiB block
+    assert memory.locate(smaller.ctypes.data, smaller.nbytes) is block
+    del smaller
+    gc.collect()
+    tiny = ringcomm.empty(1 << 18, np.int32)      # 1 MiB would waste three quarters of it: a block of its own
+    assert memory.locate(tiny.ctypes.data, tiny.nbytes) not in (block, None)
+
+
+def test_buffers_of_varying_sizes_reuse_blocks_instead_of_holding_one_per_size(monkeypatch):
+    """A loop whose buffer sizes vary (the last short batch, rebuilt buckets) once made a block,
+    and kept a descriptor open, for every size it asked for: here 200 sizes between 1 and 8 MiB
+    made 90 blocks (690 MiB); a block now serves any later size it holds with half to spare, so
+    only a size above every earlier one makes a new block."""
+    monkeypatch.setattr(memory, "POOL", memory.Pool())
+    fds = len(os.listdir("/proc/self/fd"))
+    sizes = np.random.default_rng(7).integers(1 << 20, 8 << 20, 200)
+    for nbytes in sizes:
+        a = ringcomm.empty(int(nbytes), np.uint8)
+        a[::4096] = 1
+        del a
+    assert len(memory.POOL.blocks) <= 12, len(memory.POOL.blocks)
+    assert len(os.listdir("/proc/self/fd")) <= fds + 12
+
+
+def test_blocks_stop_at_a_quarter_of_the_descriptor_limit(monkeypatch):
+    """Each block keeps a descriptor open (its peers open it through /proc): past the pool's
+    share of RLIMIT_NOFILE, empty() returns private memory instead of starving the program's own
+    files and sockets, while freed blocks still serve."""
+    monkeypatch.setattr(memory, "POOL", memory.Pool())
+    assert memory.POOL.most_blocks >= 16
+    memory.POOL.most_blocks = 2
+    held = [ringcomm.empty(1 << 20, np.uint8) for _ in range(2)]
+    assert all(memory.locate(a.ctypes.data, a.nbytes) is not None for a in held)
+    third = ringcomm.empty(1 << 20, np.uint8)
+    assert memory.locate(third.ctypes.data, third.nbytes) is None and len(memory.POOL.blocks) == 2
+    third[...] = 5
+    assert np.all(third == 5)
+    del held[0]
+    gc.collect()
+    again = ringcomm.empty(1 << 20, np.uint8)
+    assert memory.locate(again.ctypes.data, again.nbytes) is not None
 
 
 def test_a_forked_child_does_not_hand_out_its_parents_blocks():
