@@ -139,14 +139,16 @@ class Pool:
 
     def locate(self, addr: int, nbytes: int) -> Optional[Block]:
         """The block holding ``nbytes`` at ``addr`` of this process, or None."""
-        starts = self.starts
-        if not starts:
+        if not self.starts:
             return None
-        i = bisect.bisect(starts, addr) - 1
-        if i < 0:
-            return None
-        block = self.blocks[i]
-        return block if addr + nbytes <= block.addr + block.nbytes else None
+        # Under the lock: ``take`` inserts into the two lists one after the other, and a lookup
+        # between the two would pair an address with its neighbour's block.
+        with self.lock:
+            i = bisect.bisect(self.starts, addr) - 1
+            if i < 0:
+                return None
+            block = self.blocks[i]
+        return block if block.addr <= addr and addr + nbytes <= block.addr + block.nbytes else None
 
     def forget(self) -> None:
         """In a forked child: the parent's blocks are shared with it, never to be handed out here."""
@@ -168,17 +170,17 @@ def _make(size: int) -> Block:
     fd = os.memfd_create("ringcomm-buffer", os.MFD_CLOEXEC)
     try:
         os.posix_fallocate(fd, 0, size)   # every page now, or ENOSPC now: never SIGBUS later
-        addr = _map_shared(fd, size)
+        addr = map_shared(fd, size)
     except BaseException:
         os.close(fd)
         raise
     return Block(fd, np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(addr)))
 
 
-def _map_shared(fd: int, size: int) -> int:
-    """mmap(2) of ``fd``, shared and writable, through libc: Python's mmap.mmap keeps a duplicate
-    of the descriptor, two per block where the block's own is all that peers need, and a block is
-    never unmapped anyway. OSError on failure."""
+def map_shared(fd: int, size: int) -> int:
+    """mmap(2) of ``fd``, shared and writable, through libc; its address. Python's mmap.mmap keeps
+    a duplicate of the descriptor: two per block where the block's own is all that peers need, and
+    one more in every peer that maps it. Neither side ever unmaps a block. OSError on failure."""
     global _libc_mmap
     if _libc_mmap is None:
         f = ctypes.CDLL(None, use_errno=True).mmap

@@ -82,6 +82,13 @@ def test_buffers_of_varying_sizes_reuse_blocks_instead_of_holding_one_per_size(m
     assert len(os.listdir("/proc/self/fd")) <= fds + 12
 
 
+def test_locate_never_pairs_an_address_with_a_neighbouring_block():
+    a = ringcomm.empty(1 << 20, np.uint8)
+    block = memory.locate(a.ctypes.data, a.nbytes)
+    assert memory.locate(block.addr + block.nbytes, 1) is not block
+    assert memory.locate(block.addr - 1, 1) is not block
+
+
 def test_blocks_stop_at_a_quarter_of_the_descriptor_limit(monkeypatch):
     """Each block keeps a descriptor open (its peers open it through /proc): past the pool's
     share of RLIMIT_NOFILE, empty() returns private memory instead of starving the program's own
@@ -137,7 +144,10 @@ def test_a_peer_whose_block_cannot_be_opened_is_reached_by_cma_instead():
     fd, ino, start, nbytes = PeerBuffers.words(a.ctypes.data + 100, 10)
     assert start == a.ctypes.data and nbytes >= a.nbytes   # a buffer starts its block
     assert peers.open(0, fd, ino + 1, nbytes) is None    # another inode behind that descriptor: refused
+    fds = len(os.listdir("/proc/self/fd"))
     view = peers.open(0, fd, ino, nbytes)                 # this process's own block, mapped a second time
+    # the mapping keeps no descriptor (Python's mmap kept one per block a peer ever mapped)
+    assert len(os.listdir("/proc/self/fd")) == fds
     view[5] = 77
     assert a[5] == 77
     assert PeerBuffers.words(np.empty(4).ctypes.data, 32) == (0, 0, 0, 0)

@@ -9,8 +9,8 @@ the peer goes on reaching that owner through CMA, as for any buffer.
 """
 from __future__ import annotations
 
+import ctypes
 import logging
-import mmap
 import os
 import threading
 from typing import Optional
@@ -69,7 +69,7 @@ def _map(pid: int, fd: int, ino: int, nbytes: int) -> np.ndarray:
         st = os.fstat(own)
         if st.st_ino != ino or st.st_size < nbytes:
             raise OSError(f"/proc/{pid}/fd/{fd} is not the block its owner announced")
-        mm = mmap.mmap(own, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        addr = memory.map_shared(own, nbytes)   # keeps no descriptor: the mapping alone holds the block
     finally:
         os.close(own)
-    return np.frombuffer(mm, np.uint8)
+    return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(addr))
