@@ -13,16 +13,36 @@ rank to every other, so a rank that times out names the ranks it never heard fro
 nonblocking allgather could only say that someone is missing). The idup itself cannot name
 anyone: it is MPI's collective, the first call every rank makes.
 
-Left unbounded: the node split (``MPI_Comm_split`` in transport/factory.py), a few milliseconds
-after the last exchange here, and the reference backends' own set-up.
+A rank that gives up tells every peer why (``ABORT_TAG``) before it raises, and every exchange
+looks for such a notice before it takes anything else. Without it, a rank that was late to the
+last exchange found its peers' messages waiting (they had sent before giving up), went on alone
+into the node split and waited there forever; now it raises PeerAbortedError with the peer's
+reason.
+
+That cannot make every rank agree: a rank late to the last exchange still finds its peers'
+messages there (sent before they gave up; their notices may come later), and goes on alone into
+the node split (``MPI_Comm_split``, transport/factory.py), which cannot be polled. So the split
+runs under ``watchdog``: if it outlasts the timeout, the job ends with the reason on stderr
+(MPI_Abort), since no exception can leave a blocking MPI call and the job would otherwise wait
+forever. Left unbounded: MPI_Init itself, where ``init`` is the first to import mpi4py (MPICH's
+start waits for every process of the job, and mpirun keeps the job while one has not started),
+and the reference backends' own set-up.
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import pickle
+import sys
+import threading
 from typing import Any, Optional
 
-from .errors import CommTimeoutError
+from .errors import CommTimeoutError, PeerAbortedError
 from .transport.polling import wait_polling
+
+ABORT_TAG = 0   # exchanges use tags 1, 2, ...
+NOTICE_WAIT = 1.0   # seconds a rank that gives up waits for its notices to leave
+_notices: list = []   # abort notices in flight: MPI reads their buffers after the raise
 
 
 class Bootstrap:
@@ -58,6 +78,12 @@ class Bootstrap:
         status = MPI.Status()
 
         def arrived() -> bool:
+            if comm.Iprobe(source=MPI.ANY_SOURCE, tag=ABORT_TAG, status=status):
+                peer = status.Get_source()
+                notice = bytearray(status.Get_count(MPI.BYTE))
+                comm.Recv([notice, MPI.BYTE], source=peer, tag=ABORT_TAG)
+                raise PeerAbortedError(f"init on rank {self.rank}: in exchange #{tag} ({what}): rank {peer} gave up: "
+                                       f"{notice.decode(errors='replace')}")
             while len(got) < self.size and comm.Iprobe(source=MPI.ANY_SOURCE, tag=tag, status=status):
                 peer = status.Get_source()
                 data = bytearray(status.Get_count(MPI.BYTE))
@@ -69,9 +95,46 @@ class Bootstrap:
             missing = [r for r in range(self.size) if r not in got]
             whom = (f"ranks {missing} (they have not reached it: stopped, or still on their way to ringcomm.init)"
                     if missing else "its messages to be received")
-            raise CommTimeoutError(f"init on rank {self.rank}: timed out after {self.timeout:g} s in exchange "
+            err = CommTimeoutError(f"init on rank {self.rank}: timed out after {self.timeout:g} s in exchange "
                                    f"#{tag} ({what}) waiting for {whom}")
+            self._abort(str(err))
+            raise err
         return [got[r] for r in range(self.size)]
+
+    def _abort(self, why: str) -> None:
+        """Tell every peer why this rank gives up. Small messages complete once MPI has copied them
+        out, which it does while this rank polls them: unpolled, MPICH had not delivered them when
+        a late peer looked, after this rank had left."""
+        MPI = self._MPI
+        text = bytearray(why.encode())
+        sends = [self.comm.Isend([text, MPI.BYTE], dest=peer, tag=ABORT_TAG)
+                 for peer in range(self.size) if peer != self.rank]
+        if not wait_polling(lambda: MPI.Request.Testall(sends), NOTICE_WAIT):
+            _notices.extend([text, *sends])   # MPI may still read the buffer
 
     def free(self) -> None:
         self.comm.Free()
+
+
+@contextlib.contextmanager
+def watchdog(what: str, timeout: Optional[float], rank: int):
+    """Around a blocking MPI call of init (MPI is up): if it has not returned after ``timeout``
+    seconds, say so on stderr and end the job (MPI_Abort)."""
+    if timeout is None:
+        yield
+        return
+    returned = threading.Event()
+
+    def watch() -> None:
+        if returned.wait(timeout):
+            return
+        sys.stderr.write(f"ringcomm: init on rank {rank}: {what} has not returned after {timeout:g} s (the init timeout): a "
+                         f"process of the job never reached it, gave up, or is stopped; ending the job\n")
+        sys.stderr.flush()
+        sys.modules["mpi4py.MPI"].COMM_WORLD.Abort(1)
+        os._exit(1)   # not reached: MPI_Abort ends this process too
+    threading.Thread(target=watch, name="ringcomm-init-watchdog", daemon=True).start()
+    try:
+        yield
+    finally:
+        returned.set()

@@ -185,12 +185,42 @@ def test_a_rank_that_does_not_reach_init_in_time_fails_init_on_the_others(scenar
         if scenario == "late":
             assert outcome.startswith("CommTimeoutError: init: timed out after 2 s waiting for every one of the "
                                       "job's 3 ranks to call ringcomm.init"), outcome
-        else:
-            assert outcome.startswith(f"CommTimeoutError: init on rank {rank}: timed out after 2 s in exchange #1 "
-                                      "(launchers) waiting for ranks [1]"), outcome
+        else:   # its own timeout, or the other's notice of it, whichever came first
+            assert outcome.startswith((f"CommTimeoutError: init on rank {rank}: timed out after 2 s in exchange #1 "
+                                       "(launchers) waiting for ranks [1]",
+                                       f"PeerAbortedError: init on rank {rank}: in exchange #1 (launchers): rank "
+                                       f"{2 - rank} gave up")), outcome
+            assert "waiting for ranks [1]" in outcome, outcome
     # The late rank finds the others gone: its own init gives up too, within its timeout (after
-    # its 6 s inside init where it stopped there).
+    # its 6 s inside init where it stopped there), or at their notices.
     took, outcome = seen[1]
-    assert outcome.startswith("CommTimeoutError: init") and took < (4.0 if scenario == "late" else 10.0), (took, outcome)
+    assert outcome.startswith(("CommTimeoutError: init", "PeerAbortedError: init")), outcome
+    assert took < (4.0 if scenario == "late" else 10.0), (took, outcome)
     if scenario == "stopped":
-        assert "waiting for ranks [0, 2]" in outcome, outcome
+        assert "waiting for ranks [0, 2]" in outcome or "gave up" in outcome, outcome
+
+
+def test_a_rank_late_to_inits_last_exchange_ends_the_job_instead_of_waiting_alone_in_the_split(tmp_path):
+    """Rank 1 of 3 is 6 s late to init's last exchange (settings); the others give up at 2 s. Their
+    messages were sent before they did, so rank 1 found the exchange complete and waited forever
+    in the node split (MPI_Comm_split), which nothing can poll. Now the others' abort notices stop
+    it (PeerAbortedError), or where they come too late, the split's watchdog ends the job at the
+    timeout with the reason on stderr (bootstrap.py)."""
+    started = time.monotonic()
+    proc = run_mpi(3, "late_init.py", tmp_path, "last", timeout=120, check=False)
+    took = time.monotonic() - started
+    seen = {}
+    for path in tmp_path.glob("rank*.txt"):
+        rank, t, outcome = re.match(r"rank (\d+) after ([\d.]+) s: (.*)", path.read_text()).groups()
+        seen[int(rank)] = (float(t), outcome)
+    for rank in (0, 2):
+        t, outcome = seen[rank]
+        assert 2.0 <= t < 4.0 and "exchange #3 (settings)" in outcome, (rank, t, outcome)
+        assert outcome.startswith(("CommTimeoutError", "PeerAbortedError")), outcome
+    if 1 in seen:
+        assert seen[1][1].startswith("PeerAbortedError: init on rank 1: in exchange #3 (settings)"), seen[1]
+    else:
+        assert "ringcomm: init on rank 1: the node split (MPI_Comm_split) has not returned after 2 s" in proc.stderr, \
+            proc.stderr[-3000:]
+        assert proc.returncode != 0
+    assert took < 30, took

@@ -39,7 +39,9 @@ def build(mpi_comm, topology: Topology, timeout: float = 300.0, hosts: Optional[
     group_of = [(topology.node_of[r], hosts[r]) for r in range(size)]
     local = [r for r in range(size) if group_of[r] == group_of[rank]]
     color = min(local)
-    node_comm = mpi_comm.Split(color=color, key=rank)   # collective: every rank takes part
+    from ..bootstrap import watchdog
+    with watchdog("the node split (MPI_Comm_split)", timeout, rank):
+        node_comm = mpi_comm.Split(color=color, key=rank)   # collective: every rank takes part
     if mode == "shm":
         remote = [r for r in range(size) if group_of[r] != group_of[rank]]
         if remote:
