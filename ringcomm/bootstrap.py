@@ -14,17 +14,13 @@ nonblocking allgather could only say that someone is missing). The idup itself c
 anyone: it is MPI's collective, the first call every rank makes.
 
 A rank that gives up tells every peer why (``ABORT_TAG``) before it raises, and every exchange
-looks for such a notice before it takes anything else. Without it, a rank that was late to the
-last exchange found its peers' messages waiting (they had sent before giving up), went on alone
-into the node split and waited there forever; now it raises PeerAbortedError with the peer's
-reason.
-
-That cannot make every rank agree: a rank late to the last exchange still finds its peers'
-messages there (sent before they gave up; their notices may come later), and goes on alone into
-the node split (``MPI_Comm_split``, transport/factory.py), which cannot be polled. So the split
-runs under ``watchdog``: if it outlasts the timeout, the job ends with the reason on stderr
-(MPI_Abort), since no exception can leave a blocking MPI call and the job would otherwise wait
-forever. Left unbounded: MPI_Init itself, where ``init`` is the first to import mpi4py (MPICH's
+looks for such a notice before it takes anything else: a rank late to an exchange learns why the
+others left (PeerAbortedError with the peer's reason). That cannot make every rank agree: a rank
+late to the last exchange may find its peers' messages there before their notices (they sent
+them before giving up), and go on alone into the node split (``MPI_Comm_split``,
+transport/factory.py), where it once waited forever. Nothing can poll the split, so it runs
+under ``watchdog``: if it outlasts the timeout, the job ends with the reason on stderr
+(MPI_Abort), since no exception can leave a blocking MPI call. Left unbounded: MPI_Init itself, where ``init`` is the first to import mpi4py (MPICH's
 start waits for every process of the job, and mpirun keeps the job while one has not started),
 and the reference backends' own set-up.
 """
@@ -60,9 +56,9 @@ class Bootstrap:
             # The request stays posted (MPI cannot withdraw a collective), and so does the
             # communicator it would have made: a failed init leaks one.
             raise CommTimeoutError(
-                f"init: timed out after {timeout:g} s waiting for every one of the job's {self.size} ranks to call "
-                f"ringcomm.init (MPI_Comm_idup over MPI_COMM_WORLD): a rank that never calls it, or is stopped, "
-                f"holds up the others")
+                f"init on rank {world.Get_rank()}: timed out after {timeout:g} s waiting for every one of the job's "
+                f"{self.size} ranks to call ringcomm.init (MPI_Comm_idup over MPI_COMM_WORLD): a rank that never "
+                f"calls it, or is stopped, holds up the others")
         self.comm = comm
         self.rank = comm.Get_rank()
 

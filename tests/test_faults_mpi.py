@@ -183,8 +183,8 @@ def test_a_rank_that_does_not_reach_init_in_time_fails_init_on_the_others(scenar
         took, outcome = seen[rank]
         assert 2.0 <= took < 4.0, (rank, took, outcome)
         if scenario == "late":
-            assert outcome.startswith("CommTimeoutError: init: timed out after 2 s waiting for every one of the "
-                                      "job's 3 ranks to call ringcomm.init"), outcome
+            assert outcome.startswith(f"CommTimeoutError: init on rank {rank}: timed out after 2 s waiting for every "
+                                      "one of the job's 3 ranks to call ringcomm.init"), outcome
         else:   # its own timeout, or the other's notice of it, whichever came first
             assert outcome.startswith((f"CommTimeoutError: init on rank {rank}: timed out after 2 s in exchange #1 "
                                        "(launchers) waiting for ranks [1]",
