@@ -167,8 +167,10 @@ def test_a_dup_against_another_call_is_named_dup_and_a_dup_meets_a_split_of_one_
         except (MismatchError, PeerAbortedError) as err:
             return err
     caught = run_threads(2, body, timeout=10)
-    assert isinstance(caught[0], MismatchError) and str(caught[0]).startswith("dup #0 on rank 0: "), caught[0]
-    assert "expected split or dup, received barrier" in str(caught[0]), caught[0]
+    # whichever rank finds the difference first, rank 0's error names its dup, and the words for
+    # the dup's envelope are "split or dup" in its own check or in the peer's it carries
+    assert isinstance(caught[0], (MismatchError, PeerAbortedError)), caught[0]
+    assert str(caught[0]).startswith("dup #0 on rank 0: ") and "split or dup" in str(caught[0]), caught[0]
 
     def mixed(comm):
         sub = comm.dup() if comm.rank == 0 else comm.split(0, comm.rank)
