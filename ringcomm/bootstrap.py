@@ -15,22 +15,18 @@ anyone: it is MPI's collective, the first call every rank makes.
 
 A rank that gives up tells every peer why (``ABORT_TAG``) before it raises, and every exchange
 looks for such a notice before it takes anything else: a rank late to an exchange learns why the
-others left (PeerAbortedError with the peer's reason). That cannot make every rank agree: a rank
-late to the last exchange may find its peers' messages there before their notices (they sent
-them before giving up), and go on alone into the node split (``MPI_Comm_split``,
-transport/factory.py), where it once waited forever. Nothing can poll the split, so it runs
-under ``watchdog``: if it outlasts the timeout, the job ends with the reason on stderr
-(MPI_Abort), since no exception can leave a blocking MPI call. Left unbounded: MPI_Init itself, where ``init`` is the first to import mpi4py (MPICH's
-start waits for every process of the job, and mpirun keeps the job while one has not started),
-and the reference backends' own set-up.
+others left (PeerAbortedError with the peer's reason). That cannot make every rank agree: a rank late to the last exchange may find its peers'
+messages there before their notices (they sent them before giving up), and go on alone into the
+node split (``MPI_Comm_split``), where it once waited forever. Nothing can poll the split, so
+transport/factory.py runs it under a watchdog that ends the job past the timeout.
+
+Left unbounded: MPI_Init itself, where ``init`` is the first to import mpi4py (MPICH's start
+waits for every process of the job, and mpirun keeps the job while one has not started), and the
+reference backends' own set-up.
 """
 from __future__ import annotations
 
-import contextlib
-import os
 import pickle
-import sys
-import threading
 from typing import Any, Optional
 
 from .errors import CommTimeoutError, PeerAbortedError
@@ -74,17 +70,12 @@ class Bootstrap:
         status = MPI.Status()
 
         def arrived() -> bool:
-            if comm.Iprobe(source=MPI.ANY_SOURCE, tag=ABORT_TAG, status=status):
-                peer = status.Get_source()
-                notice = bytearray(status.Get_count(MPI.BYTE))
-                comm.Recv([notice, MPI.BYTE], source=peer, tag=ABORT_TAG)
-                raise PeerAbortedError(f"init on rank {self.rank}: in exchange #{tag} ({what}): rank {peer} gave up: "
-                                       f"{notice.decode(errors='replace')}")
-            while len(got) < self.size and comm.Iprobe(source=MPI.ANY_SOURCE, tag=tag, status=status):
-                peer = status.Get_source()
-                data = bytearray(status.Get_count(MPI.BYTE))
-                comm.Recv([data, MPI.BYTE], source=peer, tag=tag)
-                got[peer] = pickle.loads(data)
+            notice = self._received(ABORT_TAG, status)
+            if notice is not None:
+                raise PeerAbortedError(f"init on rank {self.rank}: in exchange #{tag} ({what}): rank {notice[0]} "
+                                       f"gave up: {notice[1].decode(errors='replace')}")
+            while len(got) < self.size and (message := self._received(tag, status)) is not None:
+                got[message[0]] = pickle.loads(message[1])
             return len(got) == self.size and MPI.Request.Testall(sends)
 
         if not wait_polling(arrived, self.timeout):
@@ -96,6 +87,15 @@ class Bootstrap:
             self._abort(str(err))
             raise err
         return [got[r] for r in range(self.size)]
+
+    def _received(self, tag: int, status) -> Optional[tuple]:
+        """(source, bytes) of a message under ``tag`` that has arrived from any rank, or None."""
+        MPI = self._MPI
+        if not self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=tag, status=status):
+            return None
+        source, data = status.Get_source(), bytearray(status.Get_count(MPI.BYTE))
+        self.comm.Recv([data, MPI.BYTE], source=source, tag=tag)
+        return source, data
 
     def _abort(self, why: str) -> None:
         """Tell every peer why this rank gives up. Small messages complete once MPI has copied them
@@ -111,26 +111,3 @@ class Bootstrap:
     def free(self) -> None:
         self.comm.Free()
 
-
-@contextlib.contextmanager
-def watchdog(what: str, timeout: Optional[float], rank: int):
-    """Around a blocking MPI call of init (MPI is up): if it has not returned after ``timeout``
-    seconds, say so on stderr and end the job (MPI_Abort)."""
-    if timeout is None:
-        yield
-        return
-    returned = threading.Event()
-
-    def watch() -> None:
-        if returned.wait(timeout):
-            return
-        sys.stderr.write(f"ringcomm: init on rank {rank}: {what} has not returned after {timeout:g} s (the init timeout): a "
-                         f"process of the job never reached it, gave up, or is stopped; ending the job\n")
-        sys.stderr.flush()
-        sys.modules["mpi4py.MPI"].COMM_WORLD.Abort(1)
-        os._exit(1)   # not reached: MPI_Abort ends this process too
-    threading.Thread(target=watch, name="ringcomm-init-watchdog", daemon=True).start()
-    try:
-        yield
-    finally:
-        returned.set()

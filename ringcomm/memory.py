@@ -34,6 +34,7 @@ from __future__ import annotations
 import bisect
 import ctypes
 import errno
+import functools
 import logging
 import mmap
 import os
@@ -75,15 +76,14 @@ class _Lease:
 
 
 class Pool:
-    """This process's blocks: ``blocks`` sorted by address (for ``locate``), ``free`` by size
-    (``free_sizes``: the sizes with a free block, sorted)."""
+    """This process's blocks: ``blocks`` sorted by address (for ``locate``), ``free`` by size (a
+    size only while it has a free block)."""
 
     def __init__(self):
         self.lock = threading.Lock()
         self.blocks: list = []
         self.starts: list = []
         self.free: dict = {}
-        self.free_sizes: list = []
         self.failed: Optional[str] = None   # why memfds cannot be made here, once found
         self.most_blocks = _most_blocks()
         self.said_full = False
@@ -120,21 +120,18 @@ class Pool:
     def _fitting(self, size: int) -> Optional[Block]:
         """The smallest free block of at least ``size`` bytes and at most SLACK times it, taken
         out of the free lists (under the lock)."""
-        i = bisect.bisect_left(self.free_sizes, size)
-        if i == len(self.free_sizes) or self.free_sizes[i] > SLACK * size:
+        fits = [n for n in self.free if size <= n <= SLACK * size]
+        if not fits:
             return None
-        spare = self.free[self.free_sizes[i]]
+        spare = self.free[min(fits)]
         block = spare.pop()
         if not spare:
             del self.free[block.nbytes]
-            del self.free_sizes[i]
         return block
 
     def give_back(self, block: Block) -> None:
         with self.lock:
             if block in self.blocks:   # not a parent's block in a forked child (forget)
-                if block.nbytes not in self.free:
-                    bisect.insort(self.free_sizes, block.nbytes)
                 self.free.setdefault(block.nbytes, []).append(block)
 
     def locate(self, addr: int, nbytes: int) -> Optional[Block]:
@@ -153,7 +150,7 @@ class Pool:
     def forget(self) -> None:
         """In a forked child: the parent's blocks are shared with it, never to be handed out here."""
         self.lock = threading.Lock()
-        self.blocks, self.starts, self.free, self.free_sizes = [], [], {}, []
+        self.blocks, self.starts, self.free = [], [], {}
 
 
 def _most_blocks() -> int:
@@ -170,31 +167,31 @@ def _make(size: int) -> Block:
     fd = os.memfd_create("ringcomm-buffer", os.MFD_CLOEXEC)
     try:
         os.posix_fallocate(fd, 0, size)   # every page now, or ENOSPC now: never SIGBUS later
-        addr = map_shared(fd, size)
+        data = map_shared(fd, size)
     except BaseException:
         os.close(fd)
         raise
-    return Block(fd, np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(addr)))
+    return Block(fd, data)
 
 
-def map_shared(fd: int, size: int) -> int:
-    """mmap(2) of ``fd``, shared and writable, through libc; its address. Python's mmap.mmap keeps
-    a duplicate of the descriptor: two per block where the block's own is all that peers need, and
-    one more in every peer that maps it. Neither side ever unmaps a block. OSError on failure."""
-    global _libc_mmap
-    if _libc_mmap is None:
-        f = ctypes.CDLL(None, use_errno=True).mmap
-        f.restype = ctypes.c_void_p
-        f.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-        _libc_mmap = f
-    addr = _libc_mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+def map_shared(fd: int, size: int) -> np.ndarray:
+    """mmap(2) of ``fd``, shared and writable, through libc, as a uint8 array. Python's mmap.mmap
+    keeps a duplicate of the descriptor: two per block where the block's own is all that peers
+    need, and one more in every peer that maps it. Neither side ever unmaps a block. OSError on
+    failure."""
+    addr = _libc_mmap()(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
     if addr is None or addr == ctypes.c_void_p(-1).value:   # MAP_FAILED
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code))
-    return addr
+    return np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(addr))
 
 
-_libc_mmap = None
+@functools.lru_cache(maxsize=1)
+def _libc_mmap():
+    f = ctypes.CDLL(None, use_errno=True).mmap
+    f.restype = ctypes.c_void_p
+    f.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    return f
 
 
 POOL = Pool()

@@ -7,7 +7,11 @@ shared memory. ``describe(transport)`` says which transport serves each peer.
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import socket
+import sys
+import threading
 from typing import Optional
 
 from .. import env
@@ -39,8 +43,7 @@ def build(mpi_comm, topology: Topology, timeout: float = 300.0, hosts: Optional[
     group_of = [(topology.node_of[r], hosts[r]) for r in range(size)]
     local = [r for r in range(size) if group_of[r] == group_of[rank]]
     color = min(local)
-    from ..bootstrap import watchdog
-    with watchdog("the node split (MPI_Comm_split)", timeout, rank):
+    with _watchdog("the node split (MPI_Comm_split)", timeout, rank):
         node_comm = mpi_comm.Split(color=color, key=rank)   # collective: every rank takes part
     if mode == "shm":
         remote = [r for r in range(size) if group_of[r] != group_of[rank]]
@@ -95,3 +98,29 @@ def describe(transport: Transport) -> dict:
     if hasattr(transport, "describe"):
         return transport.describe()
     return {p: transport.name for p in range(transport.size) if p != transport.rank}
+
+
+@contextlib.contextmanager
+def _watchdog(what: str, timeout: Optional[float], rank: int):
+    """Around a blocking MPI call of init's (MPI is up; nothing can poll it): if it has not
+    returned after ``timeout`` seconds, say so on stderr and end the job (MPI_Abort), since no
+    exception can leave it. A rank late to init's last exchange can go on alone into the node
+    split after its peers gave up (bootstrap.py), and waited there forever."""
+    if timeout is None:
+        yield
+        return
+    returned = threading.Event()
+
+    def watch() -> None:
+        if returned.wait(timeout):
+            return
+        sys.stderr.write(f"ringcomm: init on rank {rank}: {what} has not returned after {timeout:g} s (the init "
+                         f"timeout): a process of the job never reached it, gave up, or is stopped; ending the job\n")
+        sys.stderr.flush()
+        sys.modules["mpi4py.MPI"].COMM_WORLD.Abort(1)
+        os._exit(1)   # not reached: MPI_Abort ends this process too
+    threading.Thread(target=watch, name="ringcomm-init-watchdog", daemon=True).start()
+    try:
+        yield
+    finally:
+        returned.set()

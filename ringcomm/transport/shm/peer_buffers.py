@@ -9,7 +9,6 @@ the peer goes on reaching that owner through CMA, as for any buffer.
 """
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import threading
@@ -69,7 +68,6 @@ def _map(pid: int, fd: int, ino: int, nbytes: int) -> np.ndarray:
         st = os.fstat(own)
         if st.st_ino != ino or st.st_size < nbytes:
             raise OSError(f"/proc/{pid}/fd/{fd} is not the block its owner announced")
-        addr = memory.map_shared(own, nbytes)   # keeps no descriptor: the mapping alone holds the block
+        return memory.map_shared(own, nbytes)   # keeps no descriptor: the mapping alone holds the block
     finally:
         os.close(own)
-    return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(addr))
