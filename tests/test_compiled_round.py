@@ -410,3 +410,50 @@ def test_the_direct_round_reads_and_stops_where_python_must_take_over():
         compiled.Core(0, cap, tuple(r.ctypes.data for r in regions)).direct(13, x, out, plan, 7, 0, 0.0)
     with pytest.raises(ValueError, match="pids"):
         compiled.Core(0, cap, tuple(r.ctypes.data for r in regions), (me,))
+
+
+@pytest.mark.parametrize("detour", [False, True])
+def test_the_direct_round_leaves_reads_at_a_slow_distance_to_python_with_detour(detour):
+    """A Core told to take the detour (cma.PeerMemory: hosts whose kernel copies slowly between
+    buffers a few bytes apart modulo a page) returns CHECK before reading anything when one of
+    its reads lies at such a distance, so that the Python road makes them all through its
+    buffer; reads at any other distance it makes itself, as a Core without the detour makes all."""
+    import os
+    from ringcomm.algorithms.direct_all_to_all import CHECK, DONE, POSTED
+    from ringcomm.core import copying
+    cap = 1024
+    regions = [np.zeros(64 + 2 * (64 + cap), np.uint8) for _ in range(2)]
+    me = os.getpid()
+    core = compiled.Core(0, cap, tuple(r.ctypes.data for r in regions), (me, me), detour)
+    words = [r.view(np.int64) for r in regions]
+    n = 4096   # bytes per block: past the pieces (copying.PIECE) a slow distance matters from
+    out = np.zeros(2 * n + 2 * copying.PAGE, np.uint8)
+    dst = out[:2 * n]                                   # own block first, rank 1's at n
+    x = np.full(2 * n, 1, np.uint8)
+    store = np.zeros(4 * n + 2 * copying.PAGE, np.uint8)
+
+    def rank1_x(distance):   # rank 1's x, its block for rank 0 first, `distance` bytes apart from dst[n:]
+        start = (copying.array_address(dst[n:]) - distance - copying.array_address(store)) % copying.PAGE
+        theirs = store[start:start + 2 * n]
+        theirs[:n] = np.arange(n) % 251
+        assert (copying.array_address(dst[n:]) - copying.array_address(theirs)) % copying.PAGE == distance
+        return theirs
+
+    # plan: nt, nc, nr, item; table (offset, count per destination); own copy; one read from rank 1
+    plan = np.array([4, 1, 1, 1, 0, n, n, n, 0, 0, n, 1, 1, 2, n, n], np.int64).tobytes()
+    for k, distance, slow in ((1, 16, True), (3, 0, False), (5, 256, False)):
+        assert copying.slow_distance(16, 0) and not copying.slow_distance(256, 0)
+        theirs = rank1_x(distance)
+        at = (64 + (k & 1) * (64 + cap) + 64) // 8    # round k's payload in rank 1's region (window.py)
+        words[1][at:at + 5] = [theirs.ctypes.data, 0, n, n, n]
+        words[1][at - 8], words[1][at - 7] = 7, 0     # its stamp and word
+        words[1][0] = k + 1                           # and round k + 1 posted as well
+        at1 = (64 + ((k + 1) & 1) * (64 + cap) + 64) // 8
+        words[1][at1 - 8], words[1][at1 - 7] = 7, 0
+        dst[:] = 0
+        status = core.direct(k, x, dst, plan, 7, 0, 0.0)
+        if slow and detour:
+            assert status == CHECK and not dst[n:].any(), "a read at a slow distance was made, not left"
+        else:
+            assert status == DONE and (dst[n:] == theirs[:n]).all()
+        assert (dst[:n] == 1).all() and status != POSTED

@@ -45,6 +45,7 @@ typedef struct {
     char **base;   /* rank r's region, as this process maps it */
     char **slots;  /* scratch: one round's slots in rank order (one call runs at a time per window) */
     pid_t *pids;   /* each rank's process, where the direct round may read peers by CMA; else NULL */
+    int detour;    /* reads whose two sides lie a slow distance apart are left to Python's detour */
 } Core;
 
 static inline int64_t *flag_of(const Core *c, int r) { return (int64_t *)c->base[r]; }
@@ -143,7 +144,9 @@ static int core_init(Core *self, PyObject *args, PyObject *kwds) {
     int rank;
     Py_ssize_t capacity;
     PyObject *addresses, *pid_list = Py_None;
-    if (!PyArg_ParseTuple(args, "inO!|O", &rank, &capacity, &PyTuple_Type, &addresses, &pid_list)) return -1;
+    int detour = 0;
+    if (!PyArg_ParseTuple(args, "inO!|Op", &rank, &capacity, &PyTuple_Type, &addresses, &pid_list, &detour))
+        return -1;
     Py_ssize_t size = PyTuple_GET_SIZE(addresses);
     if (size < 1 || size > 65536 || rank < 0 || rank >= size || capacity <= 0) {
         PyErr_Format(PyExc_ValueError, "Core: rank %d of %zd regions, capacity %zd", rank, size, capacity);
@@ -180,6 +183,7 @@ static int core_init(Core *self, PyObject *args, PyObject *kwds) {
     self->base = base;
     self->slots = slots;
     self->pids = pids;
+    self->detour = detour;
     self->rank = rank;
     self->size = (int)size;
     self->capacity = capacity;
@@ -480,7 +484,8 @@ static PyObject *core_finish(Core *self, PyObject *const *args, Py_ssize_t nargs
  *
  * Status: 0 done (both rounds posted and complete); 1 round k posted and the copies made, a peer
  * late or in another call (the caller settles round k, then checks and reads); 2 round k
- * complete, a count differs or a read failed (the caller checks and reads, and explains); 3 the
+ * complete, a count differs, a read failed, or (``detour``) a read's two sides lie a slow distance
+ * apart (the caller checks and reads, and explains or takes the detour); 3 the
  * reads done and round k + 1 posted, a peer late or in another call (the caller settles it). */
 typedef struct {
     Py_ssize_t nt, nc, nr, item;
@@ -534,6 +539,13 @@ static int read_process(pid_t pid, char *to, int64_t from, Py_ssize_t len) {
     return 0;
 }
 
+/* Where read ``e`` of round k starts in its peer's memory: its x (table word 0) plus the block's
+ * offset. Unsigned: an address the kernel refuses, never undefined arithmetic. */
+static inline uint64_t direct_from(const Core *c, int64_t k, const DirectPlan *p, const int64_t *e) {
+    const int64_t *theirs = (const int64_t *)payload(c, (int)e[0], k);
+    return (uint64_t)theirs[0] + (uint64_t)theirs[e[1]] * (uint64_t)p->item;
+}
+
 static int direct_rounds(const Core *c, int64_t k, const DirectPlan *p, const char *src, char *dst,
                          int64_t stamp, int64_t word, double spin) {
     int64_t *slot = (int64_t *)payload(c, c->rank, k);
@@ -549,11 +561,17 @@ static int direct_rounds(const Core *c, int64_t k, const DirectPlan *p, const ch
         const int64_t *e = p->reads + 5 * i;
         if (((const int64_t *)payload(c, (int)e[0], k))[e[2]] != e[4]) return DIRECT_CHECK;
     }
+    if (c->detour) {   /* checked before any read: the Python road then makes them all (PeerMemory.pull) */
+        for (Py_ssize_t i = 0; i < p->nr; i++) {
+            const int64_t *e = p->reads + 5 * i;
+            if (e[4] * p->item > RC_COPY_PIECE
+                && rc_slow_distance(dst + e[3], (const char *)(uintptr_t)direct_from(c, k, p, e)))
+                return DIRECT_CHECK;
+        }
+    }
     for (Py_ssize_t i = 0; i < p->nr; i++) {
-        const int64_t *e = p->reads + 5 * i, *theirs = (const int64_t *)payload(c, (int)e[0], k);
-        /* unsigned: an address the kernel refuses, never undefined arithmetic */
-        uint64_t from = (uint64_t)theirs[0] + (uint64_t)theirs[e[1]] * (uint64_t)p->item;
-        if (e[4] && read_process(c->pids[e[0]], dst + e[3], (int64_t)from, e[4] * p->item))
+        const int64_t *e = p->reads + 5 * i;
+        if (e[4] && read_process(c->pids[e[0]], dst + e[3], (int64_t)direct_from(c, k, p, e), e[4] * p->item))
             return DIRECT_CHECK;
     }
     post(c, k + 1, stamp, word);
@@ -613,7 +631,7 @@ static PyTypeObject CoreType = {
     .tp_name = "ringcomm.core._round.Core",
     .tp_basicsize = sizeof(Core),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Core(rank, capacity, addresses, pids=None): the compiled rounds of one window",
+    .tp_doc = "Core(rank, capacity, addresses, pids=None, detour=False): the compiled rounds of one window",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)core_init,
     .tp_dealloc = (destructor)core_dealloc,

@@ -33,10 +33,12 @@ def enabled() -> bool:
     return Core is not None and env.get("RINGCOMM_COMPILED")
 
 
-def core_for(rank: int, regions: list, capacity: int, pids: Optional[tuple] = None) -> Optional[object]:
+def core_for(rank: int, regions: list, capacity: int, pids: Optional[tuple] = None,
+             detour: bool = False) -> Optional[object]:
     """The compiled round over a window's regions (host arrays laid out as window.py says), or None.
-    ``pids``: each rank's process, where the window's direct reads are plain CMA reads, which the
-    compiled direct round then makes itself."""
+    ``pids``: each rank's process, where the window's direct reads are CMA reads, which the
+    compiled direct round then makes itself; ``detour``: except those whose two sides lie a slow
+    distance apart (cma.PeerMemory), which it leaves to the Python road."""
     if not enabled():
         return None
-    return Core(rank, capacity, tuple(array_address(region) for region in regions), pids)
+    return Core(rank, capacity, tuple(array_address(region) for region in regions), pids, detour)

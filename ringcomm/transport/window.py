@@ -52,8 +52,10 @@ class Window:
     ``address`` of that rank's memory into ``dst`` (CMA between processes, a plain copy between
     threads): the direct algorithms post addresses in their slots instead of payloads.
     ``writer(rank, address, src)`` copies ``src`` there the other way; a transport offers both or
-    neither. ``pids``, where a transport gives them, say that ``reader`` is one plain CMA read of
-    those processes: the compiled direct rounds (``direct_core``) then read peers themselves.
+    neither. ``pids``, where a transport gives them, say that ``reader`` is a CMA read of those
+    processes: the compiled direct rounds (``direct_core``) then read peers themselves, except,
+    with ``detour``, reads whose two sides lie a slow distance apart, which ``reader`` makes
+    through a buffer (cma.PeerMemory).
 
     ``memory``, where the transport gives one (shm: PeerBuffers), opens peers' ``ringcomm.empty``
     buffers here: a direct algorithm's rounds carry, beside each address, the block it lies in
@@ -69,7 +71,8 @@ class Window:
     def __init__(self, rank: int, regions: list, *, capacity: int = CAPACITY,
                  aborted: Callable[[int], Optional[str]] = lambda peer: None,
                  spin: float = SPIN_SECONDS, reader: Optional[Callable] = None,
-                 writer: Optional[Callable] = None, pids: Optional[tuple] = None, memory=None):
+                 writer: Optional[Callable] = None, pids: Optional[tuple] = None, detour: bool = False,
+                 memory=None):
         self.rank, self.size, self.capacity = rank, len(regions), capacity
         self.reader, self.writer = reader, writer
         self.memory = memory
@@ -83,7 +86,7 @@ class Window:
         self._aborted, self.spin = aborted, spin
         # The compiled one-shot all-reduce round over these same regions (core/_round.c), or None.
         # It posts and reads rounds exactly as the methods below do, so either may run any round.
-        self.core = core_for(rank, regions, capacity, pids)
+        self.core = core_for(rank, regions, capacity, pids, detour)
         # The same core where it may also read peers by CMA itself (direct_all_to_all.py), or None.
         self.direct_core = self.core if pids is not None and reader is not None else None
         # Flags and stamps through memoryviews: an item access costs a third of numpy's.

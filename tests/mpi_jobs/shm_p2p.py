@@ -106,7 +106,9 @@ t.cma_min_bytes = 1 << 60
 # 3c. A user's send (comm.send: isend_p2p) is read by CMA from cma_p2p_min_bytes, far below a
 #     collective's floor: one copy instead of two, and no reduction to keep in cache. Below the
 #     floor, and for a plain isend (a collective's, unstaged), it goes through the pool.
-floor = t.cma_p2p_min_bytes
+# Each rank's floor comes from its own probe of this host (cma.read_cost), which can land on either
+# side of READ_FAST on a host near it: the ranks take one floor here, so that messages match.
+floor = t.cma_p2p_min_bytes = max(world.allgather(t.cma_p2p_min_bytes))
 assert floor < t.cma_min_bytes and t.reads_in_place(floor) == (LARGE != POOL)
 assert not t.reads_in_place(floor - 1) and not t.stages(floor)
 message = np.arange(floor // 8, dtype=np.float64) * (rank + 1)
