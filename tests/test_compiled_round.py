@@ -353,7 +353,7 @@ def test_the_direct_round_reads_and_stops_where_python_must_take_over():
     """The direct all-to-all's compiled call (core/_round.c, ``direct``) in one process, as rank 0
     of two, reading "rank 1" (this process too, by CMA) whose rounds the test posts by hand."""
     import os
-    from ringcomm.algorithms.direct_all_to_all import CHECK, DONE, POSTED, READ
+    from ringcomm.algorithms._direct import CHECK, DONE, POSTED, READ
     cap = 1024
     regions = [np.zeros(64 + 2 * (64 + cap), np.uint8) for _ in range(2)]
     me = os.getpid()
@@ -419,7 +419,7 @@ def test_the_direct_round_leaves_reads_at_a_slow_distance_to_python_with_detour(
     its reads lies at such a distance, so that the Python road makes them all through its
     buffer; reads at any other distance it makes itself, as a Core without the detour makes all."""
     import os
-    from ringcomm.algorithms.direct_all_to_all import CHECK, DONE, POSTED
+    from ringcomm.algorithms._direct import CHECK, DONE, POSTED
     from ringcomm.core import copying
     cap = 1024
     regions = [np.zeros(64 + 2 * (64 + cap), np.uint8) for _ in range(2)]
@@ -457,3 +457,92 @@ def test_the_direct_round_leaves_reads_at_a_slow_distance_to_python_with_detour(
         else:
             assert status == DONE and (dst[n:] == theirs[:n]).all()
         assert (dst[:n] == 1).all() and status != POSTED
+
+
+def test_the_moves_round_reads_writes_and_leaves_to_python_what_it_must():
+    """The direct gather/scatter/all-gather/broadcast compiled call (core/_round.c, ``moves``) in
+    one process, as rank 0 of two, reaching "rank 1" (this process too, by CMA), whose rounds
+    the test posts by hand: it posts the row it is given, copies, reads and writes at the
+    addresses rank 1 posted, and returns CHECK, with nothing moved, where Python must move: rank
+    1's buffer is a ringcomm.empty block (its inode word), a move at a slow distance (detour),
+    a peer written to that gave up (its poison)."""
+    import os
+    from ringcomm.algorithms._direct import CHECK, DONE, POSTED, READ
+    from ringcomm.transport.window import POISON
+    cap = 1024
+    regions = [np.zeros(64 + 2 * (64 + cap), np.uint8) for _ in range(2)]
+    me = os.getpid()
+    words = [r.view(np.int64) for r in regions]
+
+    def at(k):   # int64 index of round k's payload in a region (window.py's layout)
+        return (64 + (k & 1) * (64 + cap) + 64) // 8
+
+    def post(k, row, stamp=7, upto=None):   # "rank 1" posts round k (flag: upto)
+        w = words[1]
+        w[at(k):at(k) + len(row)] = row
+        w[at(k) - 8], w[at(k) - 7] = stamp, 0
+        w[0] = k if upto is None else upto
+
+    def plan(copies=(), reads=(), writes=(), block=2):
+        flat = [len(copies), len(reads), len(writes), block]
+        for e in (*copies, *reads, *writes):
+            flat.extend(e)
+        return np.array(flat, np.int64).tobytes()
+
+    theirs = np.arange(8, dtype=np.uint8) + 100       # rank 1's buffer: read from, written to
+    x = np.arange(8, dtype=np.uint8)                  # rank 0's
+    out = np.zeros(8, np.uint8)
+    row = np.array([x.ctypes.data, 0, 0, 0, 0], np.int64).tobytes()   # as Window.address_words posts
+    moves = plan(copies=[(0, 0, 2)], reads=[(1, 2, 2, 3)], writes=[(1, 5, 5, 3)])
+    core = compiled.Core(0, cap, tuple(r.ctypes.data for r in regions), (me, me))
+
+    assert core.moves(1, x, out, row, moves, 7, 0, 0.0) == POSTED      # rank 1 has not posted
+    assert words[0][0] == 1 and words[0][at(1):at(1) + 5].tolist() == [x.ctypes.data, 0, 0, 0, 0]
+    assert out.tolist() == [0, 1, 0, 0, 0, 0, 0, 0]                    # its copy, made while it waited
+    post(3, [theirs.ctypes.data, 0, 0, 0, 0])
+    assert core.moves(3, x, out, row, moves, 7, 0, 0.0) == READ       # rank 1 has not posted round 4
+    assert out.tolist() == [0, 1, 102, 103, 104, 0, 0, 0] and theirs.tolist()[5:] == [5, 6, 7]
+    assert words[0][0] == 4
+    theirs[5:] = 0
+    post(5, [theirs.ctypes.data, 0, 0, 0, 0], upto=6)
+    words[1][at(6) - 8] = 7
+    assert core.moves(5, x, out, row, moves, 7, 0, 0.0) == DONE and theirs.tolist()[5:] == [5, 6, 7]
+
+    theirs[5:] = 0
+    out[:] = 0
+    post(7, [theirs.ctypes.data, 9, 41, theirs.ctypes.data, 8])        # a ringcomm.empty block
+    assert core.moves(7, x, out, row, moves, 7, 0, 0.0) == CHECK
+    assert out.tolist() == [0, 1, 0, 0, 0, 0, 0, 0] and not theirs[5:].any()
+    assert core.moves(9, x, out, row, plan(reads=[(1, 2, 2, 3)], block=-1), 7, 0, 0.0) == POSTED
+    post(9, [theirs.ctypes.data, 9, 41, theirs.ctypes.data, 8])        # the same row, no block word
+    assert core.moves(9, x, out, row, plan(reads=[(1, 2, 2, 3)], block=-1), 7, 0, 0.0) == READ
+    post(11, [theirs.ctypes.data, 0, 0, 0, 0], upto=12)                # gave up after posting round 11
+    words[1][at(12) - 8] = POISON
+    assert core.moves(11, x, out, row, plan(writes=[(1, 5, 5, 3)]), 7, 0, 0.0) == CHECK and not theirs[5:].any()
+    post(13, [theirs.ctypes.data, 0, 0, 0, 0], stamp=8)                # rank 1 in another call
+    assert core.moves(13, x, out, row, moves, 7, 0, 0.0) == POSTED and not theirs[5:].any()
+
+    # a detouring Core leaves a move at a slow distance, past the pieces (copying.PIECE), to Python
+    from ringcomm.core import copying
+    n = 4096
+    far = np.zeros(n + 2 * copying.PAGE, np.uint8)
+    big_out = np.zeros(n, np.uint8)
+    start = (copying.array_address(big_out) - 16 - copying.array_address(far)) % copying.PAGE
+    src1 = far[start:start + n]
+    src1[:] = 9
+    for detour, expected in ((True, CHECK), (False, READ)):
+        core = compiled.Core(0, cap, tuple(r.ctypes.data for r in regions), (me, me), detour)
+        words[0][0] = 14
+        big_out[:] = 0
+        post(15, [src1.ctypes.data, 0, 0, 0, 0])
+        assert core.moves(15, x, big_out, row, plan(reads=[(1, 0, 0, n)]), 7, 0, 0.0) == expected
+        assert (big_out == (9 if expected == READ else 0)).all()
+
+    for bad in (plan(reads=[(0, 0, 0, 1)]), plan(reads=[(2, 0, 0, 1)]), plan(reads=[(1, 0, 6, 3)]),
+                plan(writes=[(1, 6, 0, 3)]), plan(copies=[(0, 6, 3)]), plan(block=5), plan()[:-8], b"\0" * 12):
+        with pytest.raises(ValueError, match="malformed plan"):
+            core.moves(17, x, out, row, bad, 7, 0, 0.0)
+    with pytest.raises(ValueError, match="malformed plan"):
+        core.moves(17, x, out, row[:4], moves, 7, 0, 0.0)
+    with pytest.raises(RuntimeError, match="not reached by CMA"):
+        compiled.Core(0, cap, tuple(r.ctypes.data for r in regions)).moves(17, x, out, row, moves, 7, 0, 0.0)

@@ -19,9 +19,11 @@ Cost: 2 alpha_w + (n-1) alpha_d + (n-1)/n S beta_d (S gathered; writes priced as
 """
 from __future__ import annotations
 
+from functools import partial
+
 from ..core.schedule import layout
 from ..selection.cost import Network
-from ._direct import CHUNK_BYTES, exchange, reads
+from ._direct import CHUNK_BYTES, exchange, moves_plan, moves_road, reads
 from ._rounds import sync
 from .base import WindowAlgorithm
 
@@ -36,17 +38,39 @@ class DirectAllGather(WindowAlgorithm):
         return 2 * net.window.alpha + reads((n - 1) / n * nbytes, net, n - 1)
 
     def run(self, window, src, dst, shape, reducer, stamp, word, trouble) -> None:
-        parts, me = layout(shape), window.rank
-        off, mine = parts[me]
-        own = src[off:off + mine] if shape.in_place else src
+        road = self.road(window, src, dst, shape, reducer, word)
+        if road is not None:
+            road(stamp, word, trouble)
+            return
         outputs = exchange(window, stamp, word, trouble, (dst,), 2)
-        item, write = dst.itemsize, window.writer
-        peers = [r for r in range(len(parts)) if r != me]
-        per = max(1, CHUNK_BYTES // item)
-        for lo in range(0, mine, per):
-            piece = own[lo:lo + per]
-            if not shape.in_place:
-                dst[off + lo:off + lo + piece.size] = piece
-            for r in peers:
-                write(r, outputs[r][0] + (off + lo) * item, piece)
+        _move(window, src, dst, shape, outputs)
         sync(window, stamp, word, trouble, 1, 2)
+
+    def road(self, window, src, dst, shape, reducer, word):
+        """Both rounds and the moves in one compiled call (_direct.moves_road): the part copied
+        whole, then written whole to each peer (the chunks are for Python's copies, whose
+        pieces then stay in cache between the copy and the writes)."""
+        me, item = window.rank, dst.itemsize
+        off, mine = layout(shape)[me]
+        start = off * item if shape.in_place else 0   # where this rank's part lies in src
+        copies = [] if shape.in_place else [(0, off * item, mine * item)]
+        writes = [(r, start, off * item, mine * item) for r in range(window.size) if r != me]
+        return moves_road(window, src, dst, dst, moves_plan(window, copies=copies, writes=writes),
+                          partial(_move, window, src, dst, shape))
+
+
+def _move(window, src, dst, shape, outputs: list) -> None:
+    """This rank's part, a chunk at a time: into its own output unless in place, and into every
+    peer's output at its place (``outputs``: every rank's posted addresses)."""
+    parts, me = layout(shape), window.rank
+    off, mine = parts[me]
+    own = src[off:off + mine] if shape.in_place else src
+    item, write = dst.itemsize, window.writer
+    peers = [r for r in range(len(parts)) if r != me]
+    per = max(1, CHUNK_BYTES // item)
+    for lo in range(0, mine, per):
+        piece = own[lo:lo + per]
+        if not shape.in_place:
+            dst[off + lo:off + lo + piece.size] = piece
+        for r in peers:
+            write(r, outputs[r][0] + (off + lo) * item, piece)

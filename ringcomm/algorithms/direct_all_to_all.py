@@ -25,8 +25,8 @@ import numpy as np
 from ..core.buffers import address
 from ..selection.cost import Network
 from . import _planned
-from ._direct import ADDRESS, exchange_words, reads
-from ._rounds import settle, sync
+from ._direct import after_compiled, exchange_words, reads
+from ._rounds import sync
 from .base import WindowAlgorithm
 from .pairwise_all_to_all import offsets
 
@@ -76,19 +76,12 @@ class DirectAllToAll(WindowAlgorithm):
 
 def _compiled(window, core, src, dst, shape, plan: bytes, stamp: int, word: int, trouble) -> None:
     """Both rounds in one compiled call; from where it stopped (a late peer, a mismatch, a read
-    the kernel refused), the Python road's waits and reads, which explain it."""
+    the kernel refused, a slow distance), the Python road's waits and reads, which explain it."""
     k = window.round + 1
-    status = core.direct(k, src, dst, plan, stamp, word, window.spin)
-    window.round = k if status in (POSTED, CHECK) else k + 1
-    if status == DONE:
-        return
-    if status == READ:
-        settle(window, k + 1, stamp, word, trouble, 1, 2)
-        return
-    if status == POSTED:
-        settle(window, k, stamp, word, trouble, 0, 2)
-    slots = [tuple(v.tolist()) for v in window.views(k, ADDRESS, 1 + 2 * window.size)]
-    _read_peers(window, dst, shape, slots, stamp, word, trouble)
+    slots = after_compiled(window, k, core.direct(k, src, dst, plan, stamp, word, window.spin),
+                           stamp, word, trouble, 1 + 2 * window.size)
+    if slots is not None:
+        _read_peers(window, dst, shape, slots, stamp, word, trouble)
 
 
 def _read_peers(window, dst, shape, slots: list, stamp: int, word: int, trouble) -> None:
@@ -106,7 +99,6 @@ def _read_peers(window, dst, shape, slots: list, stamp: int, word: int, trouble)
     sync(window, stamp, word, trouble, 1, 2)
 
 
-DONE, POSTED, CHECK, READ = range(4)   # what the compiled call did (core/_round.c, direct_rounds)
 
 
 @lru_cache(maxsize=256)

@@ -17,9 +17,11 @@ as reads.
 """
 from __future__ import annotations
 
+from functools import partial
+
 from ..core.schedule import layout
 from ..selection.cost import Network
-from ._direct import CHUNK_BYTES, exchange, reads
+from ._direct import CHUNK_BYTES, exchange, moves_plan, moves_road, reads
 from ._rounds import sync
 from .base import WindowAlgorithm
 
@@ -34,16 +36,37 @@ class DirectBroadcast(WindowAlgorithm):
         return 2 * net.window.alpha + reads((n - 1) / n * nbytes, net, n - 1)
 
     def run(self, window, src, dst, shape, reducer, stamp, word, trouble) -> None:
-        root, me, n = shape.root, window.rank, window.size
+        road = self.road(window, src, dst, shape, reducer, word)
+        if road is not None:
+            road(stamp, word, trouble)
+            return
         outputs = exchange(window, stamp, word, trouble, (dst,), 2)
-        off, mine = layout(shape)[me]
-        item, read, write = dst.itemsize, window.reader, window.writer
-        targets = [r for r in range(n) if r not in (me, root)]
-        per = max(1, CHUNK_BYTES // item)
-        for lo in range(off, off + mine, per):
-            chunk = dst[lo:min(lo + per, off + mine)]
-            if me != root:
-                read(root, outputs[root][0] + lo * item, chunk)
-            for r in targets:
-                write(r, outputs[r][0] + lo * item, chunk)
+        _move(window, dst, shape, outputs)
         sync(window, stamp, word, trouble, 1, 2)
+
+    def road(self, window, src, dst, shape, reducer, word):
+        """Both rounds and the moves in one compiled call (_direct.moves_road): a non-root's part
+        read whole, then written whole to the other non-roots (the core reads before it writes)."""
+        root, me, item = shape.root, window.rank, dst.itemsize
+        off, mine = layout(shape)[me]
+        at, nbytes = off * item, mine * item
+        reads = [] if me == root else [(root, at, at, nbytes)]
+        writes = [(r, at, at, nbytes) for r in range(window.size) if r not in (me, root)]
+        return moves_road(window, dst, dst, dst, moves_plan(window, reads=reads, writes=writes),
+                          partial(_move, window, dst, shape))
+
+
+def _move(window, dst, shape, outputs: list) -> None:
+    """This rank's part, a chunk at a time: read out of the root (off the root), and written into
+    every other non-root's output (``outputs``: every rank's posted addresses)."""
+    root, me, n = shape.root, window.rank, window.size
+    off, mine = layout(shape)[me]
+    item, read, write = dst.itemsize, window.reader, window.writer
+    targets = [r for r in range(n) if r not in (me, root)]
+    per = max(1, CHUNK_BYTES // item)
+    for lo in range(off, off + mine, per):
+        chunk = dst[lo:min(lo + per, off + mine)]
+        if me != root:
+            read(root, outputs[root][0] + lo * item, chunk)
+        for r in targets:
+            write(r, outputs[r][0] + lo * item, chunk)

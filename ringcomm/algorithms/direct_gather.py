@@ -13,8 +13,10 @@ scatter, its mirror.
 """
 from __future__ import annotations
 
+from functools import partial
+
 from ..selection.cost import Network
-from ._direct import exchange, reads
+from ._direct import exchange, moves_plan, moves_road, reads
 from ._rounds import sync
 from .base import WindowAlgorithm
 
@@ -28,11 +30,31 @@ class DirectGather(WindowAlgorithm):
         return 2 * net.window.alpha + reads(nbytes / net.size, net)
 
     def run(self, window, src, dst, shape, reducer, stamp, word, trouble) -> None:
-        count, root, me = shape.count, shape.root, window.rank
-        addrs = exchange(window, stamp, word, trouble, (dst if me == root else src,), 2)
-        if count:
-            if me == root:
-                dst[me * count:(me + 1) * count] = src
-            else:
-                window.writer(root, addrs[root][0] + me * count * src.itemsize, src)
+        road = self.road(window, src, dst, shape, reducer, word)
+        if road is not None:
+            road(stamp, word, trouble)
+            return
+        addrs = exchange(window, stamp, word, trouble, (dst if window.rank == shape.root else src,), 2)
+        _move(window, src, dst, shape, addrs)
         sync(window, stamp, word, trouble, 1, 2)
+
+    def road(self, window, src, dst, shape, reducer, word):
+        """Both rounds and the moves in one compiled call (_direct.moves_road)."""
+        count, root, me = shape.count, shape.root, window.rank
+        nbytes = count * src.itemsize
+        if me == root:
+            plan = moves_plan(window, copies=[(0, me * nbytes, nbytes)])
+        else:
+            plan = moves_plan(window, writes=[(root, 0, me * nbytes, nbytes)])
+        return moves_road(window, src, dst, dst if me == root else src, plan, partial(_move, window, src, dst, shape))
+
+
+def _move(window, src, dst, shape, addrs: list) -> None:
+    """The root copies its own block; every other rank writes its x at its place in the root's
+    output (``addrs``: every rank's posted addresses)."""
+    count, root, me = shape.count, shape.root, window.rank
+    if count:
+        if me == root:
+            dst[me * count:(me + 1) * count] = src
+        else:
+            window.writer(root, addrs[root][0] + me * count * src.itemsize, src)

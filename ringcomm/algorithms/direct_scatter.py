@@ -7,8 +7,10 @@ ranks read their blocks at once, each on its own core).
 """
 from __future__ import annotations
 
+from functools import partial
+
 from ..selection.cost import Network
-from ._direct import exchange, reads
+from ._direct import exchange, moves_plan, moves_road, reads
 from ._rounds import sync
 from .base import WindowAlgorithm
 
@@ -22,11 +24,31 @@ class DirectScatter(WindowAlgorithm):
         return 2 * net.window.alpha + reads(nbytes / net.size, net)
 
     def run(self, window, src, dst, shape, reducer, stamp, word, trouble) -> None:
-        count, root, me = shape.count, shape.root, window.rank
+        road = self.road(window, src, dst, shape, reducer, word)
+        if road is not None:
+            road(stamp, word, trouble)
+            return
         addrs = exchange(window, stamp, word, trouble, (dst if src is None else src,), 2)
-        if count:
-            if me == root:
-                dst[...] = src[me * count:(me + 1) * count]
-            else:
-                window.reader(root, addrs[root][0] + me * count * dst.itemsize, dst)
+        _move(window, src, dst, shape, addrs)
         sync(window, stamp, word, trouble, 1, 2)
+
+    def road(self, window, src, dst, shape, reducer, word):
+        """Both rounds and the moves in one compiled call (_direct.moves_road)."""
+        count, root, me = shape.count, shape.root, window.rank
+        nbytes = count * dst.itemsize
+        if me == root:
+            plan = moves_plan(window, copies=[(me * nbytes, 0, nbytes)])
+        else:
+            plan = moves_plan(window, reads=[(root, me * nbytes, 0, nbytes)])
+        return moves_road(window, src, dst, dst if src is None else src, plan, partial(_move, window, src, dst, shape))
+
+
+def _move(window, src, dst, shape, addrs: list) -> None:
+    """The root copies its own block; every other rank reads its block out of the root's x
+    (``addrs``: every rank's posted addresses)."""
+    count, root, me = shape.count, shape.root, window.rank
+    if count:
+        if me == root:
+            dst[...] = src[me * count:(me + 1) * count]
+        else:
+            window.reader(root, addrs[root][0] + me * count * dst.itemsize, dst)

@@ -524,19 +524,25 @@ bad:
     return -1;
 }
 
-/* len bytes at ``from`` of process pid to ``to``; -1 where the kernel refuses (the caller's
- * Python read says why). The kernel may stop short at a page it cannot reach: the rest is asked
- * for again, and that call reports the error. */
-static int read_process(pid_t pid, char *to, int64_t from, Py_ssize_t len) {
+/* len bytes between ``remote`` in process pid and ``local`` here: read into local, or (``write``)
+ * written from it; -1 where the kernel refuses (the caller's Python road says why). The kernel
+ * may stop short at a page it cannot reach: the rest is asked for again, and that call reports
+ * the error. */
+static int transfer(pid_t pid, char *local, int64_t remote, Py_ssize_t len, int write) {
     Py_ssize_t done = 0;
     while (done < len) {
-        struct iovec local = {to + done, (size_t)(len - done)};
-        struct iovec remote = {(void *)(intptr_t)(from + done), (size_t)(len - done)};
-        ssize_t got = process_vm_readv(pid, &local, 1, &remote, 1, 0);
+        struct iovec here = {local + done, (size_t)(len - done)};
+        struct iovec there = {(void *)(intptr_t)(remote + done), (size_t)(len - done)};
+        ssize_t got = write ? process_vm_writev(pid, &here, 1, &there, 1, 0)
+                            : process_vm_readv(pid, &here, 1, &there, 1, 0);
         if (got <= 0) return -1;
         done += got;
     }
     return 0;
+}
+
+static int read_process(pid_t pid, char *to, int64_t from, Py_ssize_t len) {
+    return transfer(pid, to, from, len, 0);
 }
 
 /* Where read ``e`` of round k starts in its peer's memory: its x (table word 0) plus the block's
@@ -612,6 +618,149 @@ no_dst:
     return status < 0 ? NULL : PyLong_FromLong(status);
 }
 
+/* ---- direct gather, scatter and all-gather: one round of addresses, the moves, one round --------
+ * The Python roads (algorithms/direct_gather.py, direct_scatter.py, direct_all_gather.py),
+ * compiled for windows whose ranks are processes this one reaches by CMA. ``posted`` is the row
+ * of int64 words the Python road posts in round k (its buffer's address, then the words that
+ * let peers map a ringcomm.empty block: Window.address_words), so compiled and Python ranks read
+ * each other's rows. The plan is int64s: nc, nr, nw, block; then nc copies (from, to, len), src
+ * to dst; nr reads (peer, at, to, len): len bytes at (the peer's word 0 + at) of its memory to
+ * dst + to; nw writes (peer, from, at, len): src + from to (the peer's word 0 + at). ``block``:
+ * the word of a row that is nonzero where that buffer is a ringcomm.empty block, or -1.
+ *
+ * Round k: the row is posted and the copies made while the peers post theirs. Once every rank
+ * has posted round k with this stamp and word, the moves are made, unless a peer's buffer is a
+ * block (Python maps it: Window.learn), a move's two sides lie a slow distance apart (with
+ * ``detour``), or a peer to write to has given up (its newest round is its poison); then round
+ * k + 1 says they are done. Status as ``direct``'s: 0 done; 1 round k posted and the copies
+ * made, a peer late or in another call; 2 round k complete and the moves left to the caller
+ * (some may be made: making them again is harmless); 3 the moves made and round k + 1 posted,
+ * a peer late or in another call. */
+typedef struct {
+    Py_ssize_t nc, nr, nw, block, row;
+    const int64_t *copies, *reads, *writes;
+} MovesPlan;
+
+#define POISON (-1)   /* the stamp of a rank that gave up (transport/window.py) */
+
+static int moves_plan_of(const Core *c, const Py_buffer *plan, Py_ssize_t row_len, Py_ssize_t src_len,
+                         Py_ssize_t dst_len, MovesPlan *p) {
+    const int64_t *v = plan->buf;
+    Py_ssize_t words = plan->len / 8;
+    if (plan->len % 8 || row_len % 8 || row_len < 8 || row_len > c->capacity || words < 4 || v[0] < 0
+        || v[1] < 0 || v[2] < 0 || v[0] > words || v[1] > words || v[2] > words || v[3] < -1
+        || v[3] >= row_len / 8 || words != 4 + 3 * v[0] + 4 * v[1] + 4 * v[2])
+        goto bad;
+    p->nc = v[0];
+    p->nr = v[1];
+    p->nw = v[2];
+    p->block = v[3];
+    p->row = row_len / 8;
+    p->copies = v + 4;
+    p->reads = p->copies + 3 * p->nc;
+    p->writes = p->reads + 4 * p->nr;
+    for (Py_ssize_t i = 0; i < p->nc; i++) {
+        const int64_t *e = p->copies + 3 * i;
+        if (e[0] < 0 || e[1] < 0 || e[2] < 0 || e[0] > src_len - e[2] || e[1] > dst_len - e[2]) goto bad;
+    }
+    for (Py_ssize_t i = 0; i < p->nr + p->nw; i++) {
+        const int64_t *e = p->reads + 4 * i;   /* reads, then writes right after them */
+        Py_ssize_t local = i < p->nr ? e[2] : e[1], limit = i < p->nr ? dst_len : src_len;
+        if (e[0] < 0 || e[0] >= c->size || e[0] == c->rank || e[1] < 0 || e[2] < 0 || e[3] < 0
+            || local > limit - e[3])
+            goto bad;
+    }
+    return 0;
+bad:
+    PyErr_SetString(PyExc_ValueError, "moves round: a malformed plan");
+    return -1;
+}
+
+/* Whether any move needs the Python road: a peer's buffer is a block, a move's sides lie a
+ * slow distance apart (with ``detour``), or a peer written to gave up. */
+static int moves_left(const Core *c, int64_t k, const MovesPlan *p, const char *src, char *dst) {
+    for (Py_ssize_t i = 0; i < p->nr + p->nw; i++) {
+        const int64_t *e = p->reads + 4 * i;
+        int is_read = i < p->nr, peer = (int)e[0];
+        const int64_t *theirs = (const int64_t *)payload(c, peer, k);
+        if (p->block >= 0 && theirs[p->block] != 0) return 1;
+        const char *local = is_read ? dst + e[2] : src + e[1];
+        uint64_t remote = (uint64_t)theirs[0] + (uint64_t)(is_read ? e[1] : e[2]);
+        const char *there = (const char *)(uintptr_t)remote;   /* distance: destination - source */
+        if (c->detour && e[3] > RC_COPY_PIECE
+            && (is_read ? rc_slow_distance(local, there) : rc_slow_distance(there, local)))
+            return 1;
+    }
+    return 0;
+}
+
+static int gave_up(const Core *c, int peer, int64_t k) {
+    int64_t newest = __atomic_load_n(flag_of(c, peer), __ATOMIC_ACQUIRE);
+    return newest > k && slot_header(c, peer, newest)[0] == POISON;
+}
+
+static int moves_rounds(const Core *c, int64_t k, const MovesPlan *p, const char *posted, const char *src,
+                        char *dst, int64_t stamp, int64_t word, double spin) {
+    memcpy(payload(c, c->rank, k), posted, (size_t)p->row * 8);
+    post(c, k, stamp, word);
+    for (Py_ssize_t i = 0; i < p->nc; i++) {
+        const int64_t *e = p->copies + 3 * i;
+        rc_move(dst + e[1], src + e[0], (size_t)e[2]);
+    }
+    if (await_round(c, k, stamp, word, spin)) return DIRECT_POSTED;
+    if (moves_left(c, k, p, src, dst)) return DIRECT_CHECK;
+    for (Py_ssize_t i = 0; i < p->nr; i++) {
+        const int64_t *e = p->reads + 4 * i;
+        uint64_t from = (uint64_t)((const int64_t *)payload(c, (int)e[0], k))[0] + (uint64_t)e[1];
+        if (e[3] && transfer(c->pids[e[0]], dst + e[2], (int64_t)from, e[3], 0)) return DIRECT_CHECK;
+    }
+    for (Py_ssize_t i = 0; i < p->nw; i++) {
+        const int64_t *e = p->writes + 4 * i;
+        uint64_t to = (uint64_t)((const int64_t *)payload(c, (int)e[0], k))[0] + (uint64_t)e[2];
+        if (gave_up(c, (int)e[0], k)) return DIRECT_CHECK;   /* its buffers are its caller's again */
+        if (e[3] && transfer(c->pids[e[0]], (char *)src + e[1], (int64_t)to, e[3], 1)) return DIRECT_CHECK;
+    }
+    post(c, k + 1, stamp, word);
+    return await_round(c, k + 1, stamp, word, spin) ? DIRECT_READ : DIRECT_DONE;
+}
+
+/* moves(k, src, dst, posted, plan, stamp, word, spin) -> status (above) */
+static PyObject *core_moves(Core *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (!ready(self)) return NULL;
+    if (self->pids == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "moves round: this window's ranks are not reached by CMA");
+        return NULL;
+    }
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "moves(k, src, dst, posted, plan, stamp, word, spin)");
+        return NULL;
+    }
+    int64_t k = PyLong_AsLongLong(args[0]);
+    int64_t stamp = PyLong_AsLongLong(args[5]), word = PyLong_AsLongLong(args[6]);
+    double spin = PyFloat_AsDouble(args[7]);
+    if (PyErr_Occurred()) return NULL;
+    Py_buffer src, dst, posted, plan;
+    int status = -1;
+    if (PyObject_GetBuffer(args[1], &src, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if (PyObject_GetBuffer(args[2], &dst, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) goto no_dst;
+    if (PyObject_GetBuffer(args[3], &posted, PyBUF_C_CONTIGUOUS) < 0) goto no_posted;
+    if (PyObject_GetBuffer(args[4], &plan, PyBUF_C_CONTIGUOUS) < 0) goto no_plan;
+    MovesPlan p;
+    if (moves_plan_of(self, &plan, posted.len, src.len, dst.len, &p) == 0) {
+        Py_BEGIN_ALLOW_THREADS
+        status = moves_rounds(self, k, &p, posted.buf, src.buf, dst.buf, stamp, word, spin);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&plan);
+no_plan:
+    PyBuffer_Release(&posted);
+no_posted:
+    PyBuffer_Release(&dst);
+no_dst:
+    PyBuffer_Release(&src);
+    return status < 0 ? NULL : PyLong_FromLong(status);
+}
+
 static PyMethodDef core_methods[] = {
     {"all_reduce", (PyCFunction)(void (*)(void))core_all_reduce, METH_FASTCALL,
      "all_reduce(k, src, dst, code, stamp, word, spin) -> 0 done, r+1 peer r late, -(r+1) peer r differs"},
@@ -623,6 +772,8 @@ static PyMethodDef core_methods[] = {
      "finish(k, src, dst, plan, code): the plan's reads of round k"},
     {"direct", (PyCFunction)(void (*)(void))core_direct, METH_FASTCALL,
      "direct(k, src, dst, plan, stamp, word, spin) -> 0 done, 1 posted, 2 check and read, 3 read"},
+    {"moves", (PyCFunction)(void (*)(void))core_moves, METH_FASTCALL,
+     "moves(k, src, dst, posted, plan, stamp, word, spin) -> 0 done, 1 posted, 2 moves left, 3 moved"},
     {NULL, NULL, 0, NULL},
 };
 
