@@ -27,6 +27,7 @@ from .core import executor
 from .core.envelope import Envelope, register_collective
 from .core.schedule import Shape
 from .errors import MismatchError, bad_type, bad_value
+from .transport.base import WindowSlot
 
 if TYPE_CHECKING:
     from .communicator import Communicator
@@ -57,7 +58,7 @@ class SubCommunicators:
 
     def _split_with(self, seq: int, color: Optional[int], key: int, offered: int,
                     what: str) -> Optional["Communicator"]:
-        rows = self._rows(seq, what, [-1 if color is None else color, key, offered])
+        rows = self._rows(seq, what, [-1 if color is None else color, key, offered, self._window_rounds(offered)])
         self._splits += 1
         groups: dict = {}
         for r in range(self.size):
@@ -67,10 +68,7 @@ class SubCommunicators:
             members.sort(key=lambda r: (int(rows[r, 1]), r))
         members = groups.get(color) if color is not None else None
         path = self.context + ((self._splits, color),)
-        slot = None
-        if members is not None:
-            free = int(np.bitwise_and.reduce(rows[members, 2])) if members else 0
-            slot = (free & -free).bit_length() - 1 if free else None
+        slot = None if members is None else _agreed_slot(rows[members, 2], rows[members, 3])
         transport = self.transport.split(members, color, key, _context_id(path), slot)
         if members is None:
             return None
@@ -107,14 +105,20 @@ class SubCommunicators:
 
     def _agree(self, seq: int, fingerprint: int, members: list) -> None:
         with self._offered_window_slots() as offered:
-            rows = self._rows(seq, "group", [fingerprint, offered])
+            rows = self._rows(seq, "group", [fingerprint, offered, self._window_rounds(offered)])
             odd = [members[r] for r in range(self.size) if rows[r, 0] != fingerprint]
             if odd:
                 raise MismatchError(f"group #{seq} on rank {self.rank}: ranks {odd} of {members} made another "
                                     f"group under this name (their members or name differ)")
-            free = int(np.bitwise_and.reduce(rows[:, 1]))
-            if free:
-                self.transport.open_window((free & -free).bit_length() - 1)
+            slot = _agreed_slot(rows[:, 1], rows[:, 2])
+            if slot is not None:
+                self.transport.open_window(slot)
+
+    def _window_rounds(self, offered: int) -> int:
+        """The highest round this rank's regions of the ``offered`` window slots show (0 where
+        its transport has no shared windows)."""
+        rounds = getattr(self.transport, "window_rounds", None)
+        return 0 if rounds is None or not offered else rounds(offered)
 
     @contextlib.contextmanager
     def _offered_window_slots(self):
@@ -153,6 +157,17 @@ def _member_list(members, size: int, rank: int) -> list:
     if rank not in out:
         raise bad_value("_group", "members", f"a list that holds this rank ({rank}): only members call it", out)
     return out
+
+
+def _agreed_slot(offers, rounds) -> Optional[WindowSlot]:
+    """The lowest window slot every member offered (their ``offers`` masks), counting its rounds
+    from past the highest any member's region of an offered slot shows (``rounds``): a slot an
+    earlier communicator had still holds its flags and stamps, which the new window's first
+    rounds must not take for its own. None if no slot is free on all of them."""
+    free = int(np.bitwise_and.reduce(offers)) if len(offers) else 0
+    if not free:
+        return None
+    return WindowSlot((free & -free).bit_length() - 1, int(max(rounds)))
 
 
 def _context_id(path: tuple) -> int:

@@ -246,3 +246,14 @@ def test_messages_a_closed_sub_communicator_never_received_do_not_stall_the_worl
     world's sends between those ranks timed out (mpi_jobs/closed_sub_messages.py)."""
     proc = run_mpi(2, "closed_sub_messages.py", timeout=120)
     assert "closed-sub-messages ok" in proc.stdout, proc.stdout + proc.stderr
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_window_slots_of_closed_sub_communicators_serve_new_ones_with_their_own_rounds(ranks):
+    """The eighth sub-communicator made and closed on a rank once had no window (its small
+    all-reduces ran recursive doubling); a reused slot must not let the new window take the old
+    one's flags for its rounds, nor go to a communicator while a peer of the old one still has
+    it open (mpi_jobs/reused_window_slots.py)."""
+    proc = run_mpi(ranks, "reused_window_slots.py", timeout=120)
+    assert "reused-window-slots ok" in proc.stdout, proc.stdout + proc.stderr

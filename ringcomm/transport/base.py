@@ -17,11 +17,19 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator, NamedTuple, Optional
 
 import numpy as np
 
 Reducer = Callable[..., None]   # reduce(dst, msg) or reduce(dst, msg, own): see irecv_reduce
+
+
+class WindowSlot(NamedTuple):
+    """The shared-window slot a sub-communicator's members agreed on, and the round its window
+    counts from: past every member's last round in that slot, where an earlier communicator
+    left its flags (subcommunicators.py)."""
+    index: int
+    start: int = 0
 
 
 class Request(ABC):
@@ -142,7 +150,7 @@ class Transport(ABC):
         """The transport of a sub-communicator (``comm.split``): ``members`` are this transport's
         ranks in the new order (None: this rank is in none; still called, since some transports
         split collectively), ``context`` its id, ``slot`` the shared-window slot its members
-        agreed on (None: no window)."""
+        agreed on (a WindowSlot; None: no window)."""
         raise NotImplementedError(f"the {self.name} transport has no sub-communicators")
 
     def group(self, members: list, context: int):
@@ -152,7 +160,7 @@ class Transport(ABC):
         No window yet: the members agree on a slot over the new transport, then ``open_window``."""
         return self.split(members, None, 0, context)
 
-    def open_window(self, slot: int) -> None:
+    def open_window(self, slot: WindowSlot) -> None:
         """Give this sub-communicator's transport the shared window ``slot`` its members agreed
         is free on each of them; a transport without shared windows ignores it."""
 

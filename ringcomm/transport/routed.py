@@ -240,7 +240,7 @@ class RoutedTransport(Transport):
         sub.local = group_local
         return sub
 
-    def open_window(self, slot: int) -> None:
+    def open_window(self, slot) -> None:
         """The window over the node's view, where the view reaches every member."""
         local = self.local
         if local is not None and self.window is None and all(t is local for t in self.routes.values()):
@@ -253,6 +253,10 @@ class RoutedTransport(Transport):
         ``window_of`` gives none to a split that reaches off the node)."""
         reserve = getattr(self.local, "reserve_window_slots", None)
         return 0 if reserve is None else reserve()
+
+    def window_rounds(self, offered: int) -> int:
+        rounds = getattr(self.local, "window_rounds", None)
+        return 0 if rounds is None else rounds(offered)
 
     def release_window_slots(self, offered: int) -> None:
         if offered:

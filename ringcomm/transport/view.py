@@ -74,6 +74,10 @@ class TransportView(Transport):
         reserve = getattr(self.base, "reserve_window_slots", None)
         return 0 if reserve is None else reserve()
 
+    def window_rounds(self, offered: int) -> int:
+        rounds = getattr(self.base, "window_rounds", None)
+        return 0 if rounds is None else rounds(offered)
+
     def release_window_slots(self, offered: int) -> None:
         if offered:
             self.base.release_window_slots(offered)
@@ -82,10 +86,10 @@ class TransportView(Transport):
         parent = [self.members[m] for m in members] if members is not None else None
         return self.base.split(parent, color, key, context, slot)
 
-    def open_window(self, slot: int) -> None:
+    def open_window(self, slot) -> None:
         make = getattr(self.base, "window_of", None)
         if self.window is None and make is not None:
-            self.window = make(self.members, slot)
+            self.window = make(self.members, slot, self.context)
 
     def abort(self, reason: BaseException) -> None:
         # Only this communicator gives up: its peers learn it from the abort notices it sends.
@@ -96,6 +100,9 @@ class TransportView(Transport):
 
     def close(self) -> None:
         getattr(self.base, "_view_contexts", set()).discard(self.context)
+        release = getattr(self.base, "release_window", None)
+        if release is not None and self.window is not None:
+            release(self.context)   # its slot may serve a later communicator (shm/transport.py)
         # What peers sent this communicator and it never received would hold slots of rings that
         # every communicator of the pair shares (shm): dropped, acknowledged unread.
         drop = getattr(self.base, "drop_context", None)

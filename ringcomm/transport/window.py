@@ -45,6 +45,24 @@ def region_bytes(capacity: int = CAPACITY) -> int:
     return LINE + 2 * (LINE + capacity)
 
 
+# A region's first line holds its rank's round flag (word 0) and, in a sub-communicator's slot,
+# which communicator's window has it (word 1: its context id + 1; 0 once closed), so that a slot
+# is given to another communicator only once every peer of the last one has closed it.
+def window_round(region: np.ndarray) -> int:
+    """The last round ``region``'s rank posted in it."""
+    return _words(region[:16])[0]
+
+
+def window_owner(region: np.ndarray) -> int:
+    """The context id of the window that has ``region`` open, or -1."""
+    return _words(region[:16])[1] - 1
+
+
+def set_window_owner(region: np.ndarray, context: Optional[int]) -> None:
+    """Mark ``region`` open in the window of communicator ``context``, or (None) closed."""
+    _words(region[:16])[1] = 0 if context is None else context + 1
+
+
 class Window:
     """``regions[r]`` is rank r's region as this process sees it (``region_bytes`` long).
 
@@ -72,7 +90,7 @@ class Window:
                  aborted: Callable[[int], Optional[str]] = lambda peer: None,
                  spin: float = SPIN_SECONDS, reader: Optional[Callable] = None,
                  writer: Optional[Callable] = None, pids: Optional[tuple] = None, detour: bool = False,
-                 memory=None):
+                 memory=None, start: int = 0):
         self.rank, self.size, self.capacity = rank, len(regions), capacity
         self.reader, self.writer = reader, writer
         self.memory = memory
@@ -81,7 +99,7 @@ class Window:
             self._cma_read, self._cma_write = reader, writer
             self.reader, self.writer = self._read, self._write
         self._scratch = np.empty(0, np.uint8)
-        self.round = 0
+        self.round = start   # past every member's last round in these regions (a reused slot)
         self.waiting: Optional[int] = None   # the round a wait of this rank's is in (poison says it)
         self._aborted, self.spin = aborted, spin
         # The compiled one-shot all-reduce round over these same regions (core/_round.c), or None.

@@ -30,9 +30,9 @@ from ... import env
 from ...core import copying
 from ...diagnostics import faults
 from ...errors import CommError, PeerAbortedError, UsageError
-from ..base import Transport
+from ..base import Transport, WindowSlot
 from ..polling import spin_for
-from ..window import CAPACITY, JOB_CAPACITY, Window, region_bytes
+from ..window import CAPACITY, JOB_CAPACITY, Window, region_bytes, set_window_owner, window_owner, window_round
 from . import cma, pipe, segments, staging
 from .messages import Messages, _bytes, _Send
 from .peer_buffers import PeerBuffers
@@ -140,6 +140,8 @@ class ShmTransport(Messages, Transport):
         self._in_ord = [defaultdict(int) for _ in range(self.n)]
         self._plain: list = [{} for _ in range(self.n)]      # (tag, ord) -> posted copy-receive
         self._slots_used = {0}   # window slots given to communicators of this rank (0: the job's)
+        self._slot_of: dict = {}   # a live view's context id -> its window's slot
+        self._slot_last: dict = {}   # slot -> (context id, node ranks) of the last window this rank had on it
         self._slots_offered = 0  # bit mask: slots a split in flight offered its peers (reserve_window_slots)
         self._dead_contexts: set = set()   # closed views' context ids: their messages are dropped (drop_context)
         self._mpi_in: list = [{} for _ in range(self.n)]     # (tag, ord) -> (MPI request, bytes)
@@ -530,12 +532,42 @@ class ShmTransport(Messages, Transport):
         and no other split in flight has offered; they stay offered until
         ``release_window_slots``. Two threads splitting two communicators at once (one dup per
         thread) must offer disjoint slots: offering the same free ones, both splits picked the
-        same slot, and their one-shot rounds read each other's payloads."""
+        same slot, and their one-shot rounds read each other's payloads.
+
+        A slot a closed communicator of this rank had is offered again once no member of that
+        communicator still has it open (``release_window``): a peer that has not closed it may
+        still be reading this rank's last round there (no later round of that window tells this
+        rank it is done). Slots were never offered again before: the eighth communicator made
+        and closed on a rank had no window, and its 1 KiB all-reduce ran recursive doubling."""
         with self._lock:
             free = sum(1 << s for s in range(1, WINDOW_SLOTS)
-                       if s not in self._slots_used and not self._slots_offered >> s & 1)
+                       if s not in self._slots_used and not self._slots_offered >> s & 1 and self._quiet(s))
             self._slots_offered |= free
         return free
+
+    def _quiet(self, slot: int) -> bool:
+        """Whether every peer of this rank's last window on ``slot`` has closed that window."""
+        last = self._slot_last.get(slot)
+        if last is None:
+            return True
+        context, node_ranks = last
+        regions = self._windows[slot]
+        return all(window_owner(regions[r]) != context for r in node_ranks)
+
+    def window_rounds(self, offered: int) -> int:
+        """The highest round this rank's regions of the ``offered`` slots show: a window made on
+        one of them counts its rounds from past every member's (subcommunicators.py)."""
+        rounds = [window_round(self._windows[s][self.me]) for s in range(1, WINDOW_SLOTS) if offered >> s & 1]
+        return max(rounds, default=0)
+
+    def release_window(self, context: int) -> None:
+        """The view ``context`` closed: its window's slot is this rank's to offer again once every
+        peer of that window has closed it too (``reserve_window_slots``)."""
+        with self._lock:
+            slot = self._slot_of.pop(context, None)
+            if slot is not None and not self._closed:
+                self._slots_used.discard(slot)
+                set_window_owner(self._windows[slot][self.me], None)
 
     def release_window_slots(self, offered: int) -> None:
         """The split that reserved ``offered`` is decided: the slot it took is used now
@@ -549,18 +581,23 @@ class ShmTransport(Messages, Transport):
         if members is None:
             return None
         from ..view import TransportView
-        return TransportView(self, members, context, self.window_of(members, slot))
+        return TransportView(self, members, context, self.window_of(members, slot, context))
 
-    def window_of(self, members: list, slot: Optional[int]):
+    def window_of(self, members: list, slot: Optional[WindowSlot], context: int):
         """The one-shot window ``slot`` over ``members`` (global ranks, in their communicator's
-        order), or None when there is no slot or a member is not on this node."""
-        if slot is None or slot <= 0 or not all(m in self.local for m in members):
+        order) for the view ``context``, or None when there is no slot or a member is not on
+        this node. Its rounds count from ``slot.start``: a reused slot's regions still show the
+        last rounds of the window before."""
+        if slot is None or slot.index <= 0 or not all(m in self.local for m in members):
             return None
-        with self._lock:
-            self._slots_used.add(slot)
-        regions = self.window_regions(slot)
+        regions = self.window_regions(slot.index)
         node_ranks = [self.local[m] for m in members]
+        with self._lock:
+            self._slots_used.add(slot.index)
+            self._slot_of[context] = slot.index
+            self._slot_last[slot.index] = (context, [r for r in node_ranks if r != self.me])
+            set_window_owner(regions[self.me], context)
         return Window(members.index(self.rank), [regions[r] for r in node_ranks],
                       aborted=lambda peer: self.aborted_reason(node_ranks[peer]), spin=spin_for(self.n),
-                      **self._window_access(node_ranks))
+                      start=slot.start, **self._window_access(node_ranks))
 
