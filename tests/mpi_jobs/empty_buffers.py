@@ -65,11 +65,52 @@ t.fill_(rank + 0.5)
 comm.all_reduce(t, algorithm="direct")
 assert torch.all(t == sum(r + 0.5 for r in range(n))), rank
 
+# Sends of blocks (comm.send): the receiver maps the sender's block and copies (no CMA), from
+# any offset in it, into blocks and ordinary arrays; on 3 ranks rank 1 sends ordinary arrays (its
+# receiver reads them by CMA); a receive of another length (MismatchError, nothing written).
+node = comm.transport.node
+right, left = (rank + 1) % n, (rank - 1) % n
+
+
+def sends_blocks(r: int) -> bool:
+    return n == 2 or r != 1
+
+
+floor = np.array([node.cma_p2p_min_bytes], np.int64)   # each rank's own (its probe of the host: cma.py)
+comm.all_reduce(floor, "max")
+for count in (int(floor[0]) // 4, (1 << 20) + 7, 3 << 20):
+    for offset in (0, 5):
+        for target in ("block", "array"):
+            make = ringcomm.empty if sends_blocks(rank) else np.empty
+            message = make(count + offset, np.float32)[offset:]
+            message[:] = np.arange(count, dtype=np.float32) * (rank + 1) + offset
+            got = ringcomm.empty(count, np.float32) if target == "block" else np.empty(count, np.float32)
+            got[...] = -1
+            work = comm.send(message, right, tag=3, async_op=True)
+            comm.recv(got, left, tag=3)
+            work.wait()
+            assert np.array_equal(got, np.arange(count, dtype=np.float32) * (left + 1) + offset), (rank, count, target)
+mapped = node._blocks._sent   # (node rank, descriptor) -> mapping: the blocks this rank copied from
+assert all(view is not None for view in mapped.values()), (rank, mapped)
+assert sorted({node.ranks[r] for r, _ in mapped}) == ([left] if sends_blocks(left) else []), (rank, mapped)
+
 # The blocks were mapped, so the plain-copy road ran: every peer's block is known to this rank's window.
 window = comm.transport.window
 assert window is not None and window.memory is not None, rank
 mapped_peers = [r for r in range(n) if window._mapped[r]]
 assert sorted(mapped_peers) == [r for r in range(n) if r != rank], (rank, mapped_peers)
+# Last, on a dup (a failed receive leaves its communicator unusable): a block's message of
+# another length than the receive's is refused, and nothing is written.
+dup = comm.dup()
+work = dup.send(ringcomm.empty(3 << 20, np.float32), right, tag=4, async_op=True)
+short = ringcomm.empty((3 << 20) - 1, np.float32)
+short[...] = 9
+try:
+    dup.recv(short, left, tag=4)
+    raise AssertionError("a message of another length was received")
+except ringcomm.MismatchError as err:
+    assert "bytes" in str(err) and np.all(short == 9), (rank, err)
 comm.barrier()
+dup.close()
 if rank == 0:
     print("empty-buffers ok", flush=True)

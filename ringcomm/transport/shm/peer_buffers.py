@@ -32,11 +32,43 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget)
 
 
+FD_BITS = 20   # a send's EXTRA word (rings.py): the block's descriptor, then the message's offset in it
+
+
 class PeerBuffers:
-    """``pids[r]``: the process of window rank r."""
+    """``pids[r]``: the process of window rank r (node rank r, for the transport's own sends)."""
 
     def __init__(self, pids: list):
         self.pids = pids
+        self._sent: dict = {}   # (rank, descriptor) -> that block mapped here, or None: see ``sent``
+
+    @staticmethod
+    def send_word(addr: int, nbytes: int) -> int:
+        """The EXTRA word of a send of ``nbytes`` at ``addr`` that lies in a block of this process:
+        its descriptor and the offset in it; 0 where it lies in none."""
+        block = memory.locate(addr, nbytes)
+        if block is None or not 0 < block.fd < 1 << FD_BITS:
+            return 0
+        return block.fd | (addr - block.addr) << FD_BITS
+
+    def sent(self, rank: int, word: int, nbytes: int) -> Optional[np.ndarray]:
+        """The ``nbytes`` a send's EXTRA ``word`` names in ``rank``'s block, mapped here (uint8),
+        or None where it cannot be (read them by CMA). A descriptor names one block for the life
+        of its owner, which never closes a block's descriptor, so the mapping is looked up once
+        per descriptor, by the inode the descriptor has then."""
+        fd, offset = word & ((1 << FD_BITS) - 1), word >> FD_BITS
+        key = (rank, fd)
+        if key not in self._sent:
+            try:
+                st = os.stat(f"/proc/{self.pids[rank]}/fd/{fd}")
+            except OSError:
+                self._sent[key] = None
+            else:
+                self._sent[key] = self.open(rank, fd, st.st_ino, st.st_size)
+        view = self._sent[key]
+        if view is None or offset + nbytes > view.nbytes:
+            return None
+        return view[offset:offset + nbytes]
 
     @staticmethod
     def words(addr: int, nbytes: int) -> tuple:

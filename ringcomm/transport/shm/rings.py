@@ -2,9 +2,10 @@
 
 Per ordered pair (sender s, receiver d) of a node, s's control segment holds a ring of SLOTS
 descriptor slots of FIELDS int64 (64 bytes, one cache line each): [PUB, ACK, TAG, ORD, SEG, OFF,
-NBYTES, spare]. A send moves no bytes through the ring: the descriptor says where d can read the
-payload (SEG/OFF: a shared segment and offset, the sender's own memory for CMA, a ring of cells
-the sender fills as the receiver empties it ("pipe"), "empty", or "over MPI").
+NBYTES, EXTRA]. A send moves no bytes through the ring: the descriptor says where d can read the
+payload (SEG/OFF: a shared segment and offset, the sender's own memory for CMA, its own memory
+in a ringcomm.empty block d may map (EXTRA says which), a ring of cells the sender fills as the
+receiver empties it ("pipe"), "empty", or "over MPI").
 
 - publish (sender): message k to d goes to slot (k-1) % SLOTS once that slot's previous message
   is acknowledged (PUB == ACK); the sender writes TAG..NBYTES and then PUB = k.
@@ -34,13 +35,14 @@ from ... import env
 from ...errors import CommError
 
 SLOTS = 256                       # descriptors in flight per ordered pair before sends queue
-PUB, ACK, TAG, ORD, SEG, OFF, NBYTES = range(7)
+PUB, ACK, TAG, ORD, SEG, OFF, NBYTES, EXTRA = range(8)
 FIELDS = 8                        # 64-byte slots: one cache line each
 RING_BYTES = SLOTS * FIELDS * 8
 VIA_MPI = -1                      # SEG value: the payload follows over the node's MPI communicator
 EMPTY = -2                        # SEG value: a zero-byte message (barriers), nothing to read
 CMA = -3                          # SEG value: the payload is in the sender's process memory at OFF
 PIPE = -4                         # SEG value: through a ring of cells at OFF of the sender's pool (pipe.py)
+BLOCK = -5                        # SEG value: as CMA, in a ringcomm.empty block of the sender's (EXTRA: messages.py)
 _TSO = {"x86_64", "amd64", "i386", "i686"}
 
 
@@ -72,12 +74,14 @@ class Outgoing:
         at = self.published % SLOTS * FIELDS
         return self.ring[at + PUB] == self.ring[at + ACK]
 
-    def publish(self, tag: int, ordinal: int, seg: int, off: int, nbytes: int) -> tuple:
+    def publish(self, tag: int, ordinal: int, seg: int, off: int, nbytes: int, extra: int = 0) -> tuple:
         """Write the next descriptor (its slot must be free); returns (slot, number)."""
         num = self.published + 1
         slot = (num - 1) % SLOTS
         ring, at = self.ring, slot * FIELDS
         ring[at + TAG], ring[at + ORD], ring[at + SEG], ring[at + OFF], ring[at + NBYTES] = tag, ordinal, seg, off, nbytes
+        if seg == BLOCK:
+            ring[at + EXTRA] = extra
         ring[at + PUB] = num   # last: a reader that sees it sees the fields
         self.published = num
         return slot, num
@@ -112,6 +116,9 @@ class Incoming:
         """(SEG, OFF, NBYTES) of the message in ``slot``."""
         ring, at = self.ring, slot * FIELDS
         return ring[at + SEG], ring[at + OFF], ring[at + NBYTES]
+
+    def extra(self, slot: int) -> int:
+        return self.ring[slot * FIELDS + EXTRA]
 
     def key(self, slot: int) -> tuple:
         at = slot * FIELDS

@@ -37,7 +37,7 @@ from . import cma, pipe, segments, staging
 from .messages import Messages, _bytes, _Send
 from .peer_buffers import PeerBuffers
 from .node import Node
-from .rings import CMA, RING_BYTES, Incoming, Outgoing, check_ordering, ring_view
+from .rings import BLOCK, CMA, RING_BYTES, Incoming, Outgoing, check_ordering, ring_view
 from .segments import Segment, address, align
 
 _log = logging.getLogger("ringcomm.shm")
@@ -167,6 +167,7 @@ class ShmTransport(Messages, Transport):
         self._copy = copying.copier() if self._host_memory else copying.numpy_copy
         self._raw_copy = self._copy is copying.copy   # the compiled copy, for the pool's memoryviews
         self._memory = cma.PeerMemory(self.rank, self.ranks, self._pids, self._copy)
+        self._blocks = PeerBuffers(self._pids)   # peers' ringcomm.empty blocks their sends lie in (BLOCK)
         sizes = [layout.bytes(self._host_pool_bytes(s)) for s in self._fallbacks(share)]
         created = self._create("created", "mapped", sizes, "setup", prepare=self._write_header,
                                on_mapped=self._probe_peer)
@@ -511,7 +512,7 @@ class ShmTransport(Messages, Transport):
             if self._closed:
                 return
             self._closed = True
-            _UNREAD.extend(req.buf for held in self._inflight for req in held if req.seg == CMA)
+            _UNREAD.extend(req.buf for held in self._inflight for req in held if req.seg in (CMA, BLOCK))
             for req in self._pipes:   # never filled again: its buffer may go
                 pipe.retire(req.pipe)
             self._pipes.clear()
