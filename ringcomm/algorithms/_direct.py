@@ -55,8 +55,9 @@ def moves_road(window, src, dst, posted, plan: bytes, moves: Callable[[list], No
     ``moves``) where it reaches peers by CMA itself (Window.direct_core) and the buffers are host
     arrays, else None. ``posted``: the array whose address words this rank posts in round 1 (as
     ``exchange`` posts them); ``plan``: ``moves_plan``'s; ``moves(rows)``: the Python road's
-    moves, given every rank's addresses, for a call the core leaves to it (a peer's buffer is a
-    ringcomm.empty block, a slow distance, a peer that gave up, a late peer). Gather, scatter and
+    moves but the plan's copies (the core made those first), given every rank's addresses, for a
+    call the core leaves to it (a peer's buffer is a ringcomm.empty block, a slow distance, a
+    peer that gave up, a late peer). Gather, scatter and
     all-gather of 1 MiB on 2 ranks spent 20-35 us of their 80-115 in the Python rounds here."""
     core = window.direct_core
     if core is None or not _planned.usable(window, src, dst):

@@ -56,12 +56,13 @@ class DirectAllGather(WindowAlgorithm):
         copies = [] if shape.in_place else [(0, off * item, mine * item)]
         writes = [(r, start, off * item, mine * item) for r in range(window.size) if r != me]
         return moves_road(window, src, dst, dst, moves_plan(window, copies=copies, writes=writes),
-                          partial(_move, window, src, dst, shape))
+                          partial(_move, window, src, dst, shape, copy_own=False))
 
 
-def _move(window, src, dst, shape, outputs: list) -> None:
-    """This rank's part, a chunk at a time: into its own output unless in place, and into every
-    peer's output at its place (``outputs``: every rank's posted addresses)."""
+def _move(window, src, dst, shape, outputs: list, copy_own: bool = True) -> None:
+    """This rank's part, a chunk at a time: into its own output unless in place (or ``copy_own`` is
+    False: the compiled call copied it before it handed the rest back), and into every peer's
+    output at its place (``outputs``: every rank's posted addresses)."""
     parts, me = layout(shape), window.rank
     off, mine = parts[me]
     own = src[off:off + mine] if shape.in_place else src
@@ -70,7 +71,7 @@ def _move(window, src, dst, shape, outputs: list) -> None:
     per = max(1, CHUNK_BYTES // item)
     for lo in range(0, mine, per):
         piece = own[lo:lo + per]
-        if not shape.in_place:
+        if copy_own and not shape.in_place:
             dst[off + lo:off + lo + piece.size] = piece
         for r in peers:
             write(r, outputs[r][0] + (off + lo) * item, piece)

@@ -46,15 +46,18 @@ class DirectGather(WindowAlgorithm):
             plan = moves_plan(window, copies=[(0, me * nbytes, nbytes)])
         else:
             plan = moves_plan(window, writes=[(root, 0, me * nbytes, nbytes)])
-        return moves_road(window, src, dst, dst if me == root else src, plan, partial(_move, window, src, dst, shape))
+        return moves_road(window, src, dst, dst if me == root else src, plan,
+                          partial(_move, window, src, dst, shape, copy_own=False))
 
 
-def _move(window, src, dst, shape, addrs: list) -> None:
-    """The root copies its own block; every other rank writes its x at its place in the root's
-    output (``addrs``: every rank's posted addresses)."""
+def _move(window, src, dst, shape, addrs: list, copy_own: bool = True) -> None:
+    """The root copies its own block (unless ``copy_own`` is False: the compiled call copied it before
+    it handed the rest back); every other rank writes its x at its place in the root's output
+    (``addrs``: every rank's posted addresses)."""
     count, root, me = shape.count, shape.root, window.rank
     if count:
         if me == root:
-            dst[me * count:(me + 1) * count] = src
+            if copy_own:
+                dst[me * count:(me + 1) * count] = src
         else:
             window.writer(root, addrs[root][0] + me * count * src.itemsize, src)

@@ -40,15 +40,18 @@ class DirectScatter(WindowAlgorithm):
             plan = moves_plan(window, copies=[(me * nbytes, 0, nbytes)])
         else:
             plan = moves_plan(window, reads=[(root, me * nbytes, 0, nbytes)])
-        return moves_road(window, src, dst, dst if src is None else src, plan, partial(_move, window, src, dst, shape))
+        return moves_road(window, src, dst, dst if src is None else src, plan,
+                          partial(_move, window, src, dst, shape, copy_own=False))
 
 
-def _move(window, src, dst, shape, addrs: list) -> None:
-    """The root copies its own block; every other rank reads its block out of the root's x
-    (``addrs``: every rank's posted addresses)."""
+def _move(window, src, dst, shape, addrs: list, copy_own: bool = True) -> None:
+    """The root copies its own block (unless ``copy_own`` is False: the compiled call copied it before
+    it handed the rest back); every other rank reads its block out of the root's x (``addrs``:
+    every rank's posted addresses)."""
     count, root, me = shape.count, shape.root, window.rank
     if count:
         if me == root:
-            dst[...] = src[me * count:(me + 1) * count]
+            if copy_own:
+                dst[...] = src[me * count:(me + 1) * count]
         else:
             window.reader(root, addrs[root][0] + me * count * dst.itemsize, dst)
