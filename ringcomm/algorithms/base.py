@@ -100,13 +100,14 @@ Algorithm = ScheduleAlgorithm | WindowAlgorithm
 
 
 class PlannedAlgorithm(WindowAlgorithm):
-    """A window algorithm whose call, when it fits one round, the compiled core runs from a plan
-    (``planned``, algorithms/_planned.py); ``rounds`` is its Python road, for any size."""
+    """A window algorithm whose call the compiled core runs where it can (``road``: by default one
+    round from a plan, ``planned``, algorithms/_planned.py; the direct algorithms' own calls,
+    algorithms/_direct.py); ``rounds`` is its Python road, for every call."""
 
     def run(self, window, src, dst, shape: Shape, reducer, stamp: int, word: int, trouble) -> None:
-        planned = self.planned(window, src, dst, shape, reducer, word)
-        if planned is not None:
-            _planned.run(window, src, dst, *planned, stamp, word, trouble)
+        road = self.road(window, src, dst, shape, reducer, word)
+        if road is not None:
+            road(stamp, word, trouble)
         else:
             self.rounds(window, src, dst, shape, reducer, stamp, word, trouble)
 

@@ -25,10 +25,10 @@ from ..core.schedule import layout
 from ..selection.cost import Network
 from ._direct import CHUNK_BYTES, exchange, moves_plan, moves_road, reads
 from ._rounds import sync
-from .base import WindowAlgorithm
+from .base import PlannedAlgorithm
 
 
-class DirectAllGather(WindowAlgorithm):
+class DirectAllGather(PlannedAlgorithm):
     name = "direct"
     collective = "all_gather"
     reads_directly = True
@@ -37,11 +37,7 @@ class DirectAllGather(WindowAlgorithm):
         n = net.size
         return 2 * net.window.alpha + reads((n - 1) / n * nbytes, net, n - 1)
 
-    def run(self, window, src, dst, shape, reducer, stamp, word, trouble) -> None:
-        road = self.road(window, src, dst, shape, reducer, word)
-        if road is not None:
-            road(stamp, word, trouble)
-            return
+    def rounds(self, window, src, dst, shape, reducer, stamp, word, trouble) -> None:
         outputs = exchange(window, stamp, word, trouble, (dst,), 2)
         _move(window, src, dst, shape, outputs)
         sync(window, stamp, word, trouble, 1, 2)

@@ -26,11 +26,11 @@ from ..selection.cost import Network
 from . import _planned
 from ._direct import after_compiled, exchange_words, reads
 from ._rounds import sync
-from .base import WindowAlgorithm
+from .base import PlannedAlgorithm
 from .pairwise_all_to_all import offsets
 
 
-class DirectAllToAll(WindowAlgorithm):
+class DirectAllToAll(PlannedAlgorithm):
     name = "direct"
     collective = "all_to_all"
     reads_directly = True
@@ -44,15 +44,11 @@ class DirectAllToAll(WindowAlgorithm):
     def has_work(self, shape) -> bool:
         return True   # counts differ per rank: a rank with nothing to move still takes part
 
-    def run(self, window, src, dst, shape, reducer, stamp, word, trouble) -> None:
+    def rounds(self, window, src, dst, shape, reducer, stamp, word, trouble) -> None:
         me = window.rank
-        if shape.counts[me] != shape.recv_counts[me]:
+        if shape.counts[me] != shape.recv_counts[me]:   # the compiled road refuses these (``road``)
             trouble().differs(f"this rank's block to itself has {shape.counts[me]} elements in x and "
                               f"{shape.recv_counts[me]} in out")
-        road = self.road(window, src, dst, shape, reducer, word)
-        if road is not None:
-            road(stamp, word, trouble)
-            return
         sends, recvs = shape.counts, shape.recv_counts
         soff, roff = offsets(sends), offsets(recvs)
         table = window.address_words((src,)) + [v for pair in zip(soff, sends) for v in pair]

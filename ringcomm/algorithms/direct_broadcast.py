@@ -23,10 +23,10 @@ from ..core.schedule import layout
 from ..selection.cost import Network
 from ._direct import CHUNK_BYTES, exchange, moves_plan, moves_road, reads
 from ._rounds import sync
-from .base import WindowAlgorithm
+from .base import PlannedAlgorithm
 
 
-class DirectBroadcast(WindowAlgorithm):
+class DirectBroadcast(PlannedAlgorithm):
     name = "direct"
     collective = "broadcast"
     reads_directly = True
@@ -35,11 +35,7 @@ class DirectBroadcast(WindowAlgorithm):
         n = net.size
         return 2 * net.window.alpha + reads((n - 1) / n * nbytes, net, n - 1)
 
-    def run(self, window, src, dst, shape, reducer, stamp, word, trouble) -> None:
-        road = self.road(window, src, dst, shape, reducer, word)
-        if road is not None:
-            road(stamp, word, trouble)
-            return
+    def rounds(self, window, src, dst, shape, reducer, stamp, word, trouble) -> None:
         outputs = exchange(window, stamp, word, trouble, (dst,), 2)
         _move(window, dst, shape, outputs)
         sync(window, stamp, word, trouble, 1, 2)

@@ -12,10 +12,10 @@ from functools import partial
 from ..selection.cost import Network
 from ._direct import exchange, moves_plan, moves_road, reads
 from ._rounds import sync
-from .base import WindowAlgorithm
+from .base import PlannedAlgorithm
 
 
-class DirectScatter(WindowAlgorithm):
+class DirectScatter(PlannedAlgorithm):
     name = "direct"
     collective = "scatter"
     reads_directly = True
@@ -23,11 +23,7 @@ class DirectScatter(WindowAlgorithm):
     def seconds(self, nbytes, net: Network) -> float:
         return 2 * net.window.alpha + reads(nbytes / net.size, net)
 
-    def run(self, window, src, dst, shape, reducer, stamp, word, trouble) -> None:
-        road = self.road(window, src, dst, shape, reducer, word)
-        if road is not None:
-            road(stamp, word, trouble)
-            return
+    def rounds(self, window, src, dst, shape, reducer, stamp, word, trouble) -> None:
         addrs = exchange(window, stamp, word, trouble, (dst if src is None else src,), 2)
         _move(window, src, dst, shape, addrs)
         sync(window, stamp, word, trouble, 1, 2)

@@ -541,15 +541,23 @@ static int transfer(pid_t pid, char *local, int64_t remote, Py_ssize_t len, int 
     return 0;
 }
 
-static int read_process(pid_t pid, char *to, int64_t from, Py_ssize_t len) {
-    return transfer(pid, to, from, len, 0);
+/* ``offset`` bytes past the address ``peer`` posted first in its round-k row. Unsigned: an
+ * address the kernel refuses, never undefined arithmetic. */
+static inline uint64_t peer_address(const Core *c, int64_t k, int peer, uint64_t offset) {
+    return (uint64_t)((const int64_t *)payload(c, peer, k))[0] + offset;
 }
 
-/* Where read ``e`` of round k starts in its peer's memory: its x (table word 0) plus the block's
- * offset. Unsigned: an address the kernel refuses, never undefined arithmetic. */
+/* Where read ``e`` of round k starts in its peer's memory: its x plus the block's offset, a word
+ * of its table. */
 static inline uint64_t direct_from(const Core *c, int64_t k, const DirectPlan *p, const int64_t *e) {
     const int64_t *theirs = (const int64_t *)payload(c, (int)e[0], k);
-    return (uint64_t)theirs[0] + (uint64_t)theirs[e[1]] * (uint64_t)p->item;
+    return peer_address(c, k, (int)e[0], (uint64_t)theirs[e[1]] * (uint64_t)p->item);
+}
+
+/* Whether a copy of ``len`` bytes from ``from`` to ``to`` is left to the Python road's detour
+ * (cma.PeerMemory): with ``detour``, past the pieces, at a slow distance. */
+static inline int needs_detour(const Core *c, const void *to, const void *from, int64_t len) {
+    return c->detour && len > RC_COPY_PIECE && rc_slow_distance(to, from);
 }
 
 static int direct_rounds(const Core *c, int64_t k, const DirectPlan *p, const char *src, char *dst,
@@ -567,17 +575,14 @@ static int direct_rounds(const Core *c, int64_t k, const DirectPlan *p, const ch
         const int64_t *e = p->reads + 5 * i;
         if (((const int64_t *)payload(c, (int)e[0], k))[e[2]] != e[4]) return DIRECT_CHECK;
     }
-    if (c->detour) {   /* checked before any read: the Python road then makes them all (PeerMemory.pull) */
-        for (Py_ssize_t i = 0; i < p->nr; i++) {
-            const int64_t *e = p->reads + 5 * i;
-            if (e[4] * p->item > RC_COPY_PIECE
-                && rc_slow_distance(dst + e[3], (const char *)(uintptr_t)direct_from(c, k, p, e)))
-                return DIRECT_CHECK;
-        }
+    for (Py_ssize_t i = 0; c->detour && i < p->nr; i++) {   /* before any read: Python then makes them all */
+        const int64_t *e = p->reads + 5 * i;
+        if (needs_detour(c, dst + e[3], (const void *)(uintptr_t)direct_from(c, k, p, e), e[4] * p->item))
+            return DIRECT_CHECK;
     }
     for (Py_ssize_t i = 0; i < p->nr; i++) {
         const int64_t *e = p->reads + 5 * i;
-        if (e[4] && read_process(c->pids[e[0]], dst + e[3], (int64_t)direct_from(c, k, p, e), e[4] * p->item))
+        if (e[4] && transfer(c->pids[e[0]], dst + e[3], (int64_t)direct_from(c, k, p, e), e[4] * p->item, 0))
             return DIRECT_CHECK;
     }
     post(c, k + 1, stamp, word);
@@ -618,8 +623,9 @@ no_dst:
     return status < 0 ? NULL : PyLong_FromLong(status);
 }
 
-/* ---- direct gather, scatter and all-gather: one round of addresses, the moves, one round --------
- * The Python roads (algorithms/direct_gather.py, direct_scatter.py, direct_all_gather.py),
+/* ---- direct gather, scatter, all-gather, broadcast: a round of addresses, the moves, a round ----
+ * The Python roads (algorithms/direct_gather.py, direct_scatter.py, direct_all_gather.py,
+ * direct_broadcast.py),
  * compiled for windows whose ranks are processes this one reaches by CMA. ``posted`` is the row
  * of int64 words the Python road posts in round k (its buffer's address, then the words that
  * let peers map a ringcomm.empty block: Window.address_words), so compiled and Python ranks read
@@ -682,14 +688,10 @@ static int moves_left(const Core *c, int64_t k, const MovesPlan *p, const char *
     for (Py_ssize_t i = 0; i < p->nr + p->nw; i++) {
         const int64_t *e = p->reads + 4 * i;
         int is_read = i < p->nr, peer = (int)e[0];
-        const int64_t *theirs = (const int64_t *)payload(c, peer, k);
-        if (p->block >= 0 && theirs[p->block] != 0) return 1;
+        if (p->block >= 0 && ((const int64_t *)payload(c, peer, k))[p->block] != 0) return 1;
         const char *local = is_read ? dst + e[2] : src + e[1];
-        uint64_t remote = (uint64_t)theirs[0] + (uint64_t)(is_read ? e[1] : e[2]);
-        const char *there = (const char *)(uintptr_t)remote;   /* distance: destination - source */
-        if (c->detour && e[3] > RC_COPY_PIECE
-            && (is_read ? rc_slow_distance(local, there) : rc_slow_distance(there, local)))
-            return 1;
+        const void *there = (const void *)(uintptr_t)peer_address(c, k, peer, (uint64_t)(is_read ? e[1] : e[2]));
+        if (is_read ? needs_detour(c, local, there, e[3]) : needs_detour(c, there, local, e[3])) return 1;
     }
     return 0;
 }
@@ -711,12 +713,12 @@ static int moves_rounds(const Core *c, int64_t k, const MovesPlan *p, const char
     if (moves_left(c, k, p, src, dst)) return DIRECT_CHECK;
     for (Py_ssize_t i = 0; i < p->nr; i++) {
         const int64_t *e = p->reads + 4 * i;
-        uint64_t from = (uint64_t)((const int64_t *)payload(c, (int)e[0], k))[0] + (uint64_t)e[1];
+        uint64_t from = peer_address(c, k, (int)e[0], (uint64_t)e[1]);
         if (e[3] && transfer(c->pids[e[0]], dst + e[2], (int64_t)from, e[3], 0)) return DIRECT_CHECK;
     }
     for (Py_ssize_t i = 0; i < p->nw; i++) {
         const int64_t *e = p->writes + 4 * i;
-        uint64_t to = (uint64_t)((const int64_t *)payload(c, (int)e[0], k))[0] + (uint64_t)e[2];
+        uint64_t to = peer_address(c, k, (int)e[0], (uint64_t)e[2]);
         if (gave_up(c, (int)e[0], k)) return DIRECT_CHECK;   /* its buffers are its caller's again */
         if (e[3] && transfer(c->pids[e[0]], (char *)src + e[1], (int64_t)to, e[3], 1)) return DIRECT_CHECK;
     }
