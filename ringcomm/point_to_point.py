@@ -209,24 +209,52 @@ class _Posted:
 
 
 class _AnySource(_Posted):
-    """A receive from any rank: finds the first message under its tag, then receives it."""
+    """A receive from any rank: finds the first message under its tag, then receives it.
+
+    Receives from any rank under one tag take their messages in the order they were posted, as
+    MPI matches them, whichever is tested first: a thread waiting on the last of several took
+    the first message while the receives posted before it took later ones (waits in reverse order
+    got the messages in reverse). So a test lets every earlier unmatched one under the tag look
+    first (``comm._any_source``; tests run under the engine's exec lock, one at a time)."""
     __slots__ = ("tag",)
 
     def __init__(self, comm: Communicator, call: Call, work: Work, tag: int):
         super().__init__(comm, call, work, None)
         self.tag = tag
+        comm._any_source.append(self)
 
     def test(self) -> bool:
         if self.request is None:
-            transport = self.comm.transport
-            hit = transport.probe(None, self.tag)
-            if hit is None:
-                return self.stalled(None)
-            self.work.source = hit[0]
-            self.request = transport.irecv(self.call.out.flat, hit[0], self.tag)
+            try:
+                for earlier in [op for op in self.comm._any_source if op.tag == self.tag]:
+                    if not earlier._match() or earlier is self:
+                        break
+                if self.request is None:
+                    return self.stalled(None)
+            except BaseException:
+                self._unlist()   # failed: it must not take a message from a later receive
+                raise
         return self.moved() or self.stalled(self.work.source)
 
+    def _match(self) -> bool:
+        """Take the first message under the tag nobody has claimed; False if there is none."""
+        transport = self.comm.transport
+        hit = transport.probe(None, self.tag)
+        if hit is None:
+            return False
+        self.work.source = hit[0]
+        self.request = transport.irecv(self.call.out.flat, hit[0], self.tag)
+        self._unlist()
+        return True
+
+    def _unlist(self) -> None:
+        try:
+            self.comm._any_source.remove(self)
+        except ValueError:
+            pass
+
     def cancel(self) -> None:
+        self._unlist()
         if self.request is not None:
             self.request.cancel()
 

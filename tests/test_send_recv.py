@@ -73,6 +73,24 @@ def test_any_source_receive_names_its_sender():
     assert pending.source is None
 
 
+def test_receives_from_any_rank_take_messages_in_posting_order_whatever_order_they_are_waited():
+    """MPI matches receives in the order they were posted: waiting on the last one first must
+    not hand it the first message (it did: the waits in reverse got the messages in reverse)."""
+    def body(comm):
+        if comm.rank:
+            for k in range(6):
+                comm.send(np.full(3, 100.0 * comm.rank + k), 0, tag=2, async_op=True)
+            return None
+        pending = [(np.zeros(3), None) for _ in range(6 * (comm.size - 1))]
+        pending = [(buf, comm.recv(buf, None, tag=2, async_op=True)) for buf, _ in pending]
+        for _, work in reversed(pending):
+            work.wait(30)
+        return [(work.source, buf[0]) for buf, work in pending]
+    got = run_threads(3, body)[0]
+    for sender in (1, 2):
+        assert [v for s, v in got if s == sender] == [100.0 * sender + k for k in range(6)], got
+
+
 @pytest.mark.parametrize("theirs,mine,words", [
     (np.zeros(4, np.float32), np.zeros(4, np.int32), ["float32", "int32", "tag 0"]),
     (np.zeros(4, np.float32), np.zeros(5, np.float32), ["bytes", "16", "20"]),
