@@ -127,3 +127,12 @@ def test_read_only_inputs_are_taken_where_the_call_only_reads_them(n, transport)
     proc = run_mpi(n, "read_only_inputs.py", *backends, env={"RINGCOMM_TRANSPORT": transport}, timeout=240)
     for backend in backends:
         assert f"read-only inputs: {backend} ok" in proc.stdout, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("backend", ["ringcomm", "mpi", "gloo"])
+def test_send_recv_keep_one_contract_on_every_cpu_backend(backend):
+    """A receive that does not fit is a MismatchError (gloo: never a short buffer or SIGABRT),
+    an empty message from any rank arrives, and receives from any rank take their messages in
+    posting order whatever order they are waited in (mpi_jobs/p2p_contract.py)."""
+    out = run_mpi(3, "p2p_contract.py", backend, env={"RINGCOMM_TIMEOUT": "30"}, timeout=120).stdout
+    assert f"p2p contract: {backend} ok" in out, out

@@ -136,18 +136,30 @@ class C10dBackend(ReferenceCommunicator):
             raise comm_error(self._describe(call, 0), self.library, err) from err
 
     def _post(self, call, work):
-        """torch's gloo send/recv Works complete only inside wait() (is_completed() stays False
-        until then), so a thread waits on each and the progress thread polls that."""
+        """The library's own send or receive. Backend gloo replaces this with framed messages
+        (framed.py); NCCL's, untried here on a GPU, keep the library's own pairing, which does
+        not compare lengths either."""
         handle, _ = self._start_call(call)
+
+        def run() -> None:
+            handle.wait()
+            if call.name == "recv" and call.peer is None:
+                work.source = handle._source_rank()
+        return self._waited(run, work)
+
+    def _waited(self, run, work) -> tuple:
+        """``_post``'s (test, cancel, passive) for a send or receive that ``run`` completes:
+        torch's send/recv Works complete only inside wait() (is_completed() stays False until
+        then), so a thread runs it and the progress thread polls that thread's outcome."""
         done, failed = threading.Event(), []
 
         def waiter() -> None:
             try:
-                handle.wait()
-                if call.name == "recv" and call.peer is None:
-                    work.source = handle._source_rank()
-            except RuntimeError as err:
+                run()
+            except RuntimeError as err:   # torch reports timeouts and lost peers as RuntimeError
                 failed.append(comm_error(work.description, self.library, err))
+            except CommError as err:
+                failed.append(err)
             done.set()
         threading.Thread(target=waiter, daemon=True, name=f"ringcomm-{self.library}-p2p").start()
 
@@ -155,4 +167,5 @@ class C10dBackend(ReferenceCommunicator):
             if failed:
                 raise failed[0]
             return done.is_set()
-        return with_deadline(test, self.timeout, work), lambda: None, not_passive   # torch's Work cannot withdraw a receive; the group is closed with it
+        # torch's Work cannot withdraw a receive; the group is closed with it
+        return with_deadline(test, self.timeout, work), lambda: None, not_passive

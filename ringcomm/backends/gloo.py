@@ -6,7 +6,8 @@ Device memory (CUDA tensors, cupy arrays) goes to gloo as CUDA tensors through D
 collectives torch's gloo runs on CUDA (all_reduce, broadcast); the others are refused by name.
 Deadlines: the process group is created with the communicator's timeout, and gloo raises when a
 collective runs past it; that error comes back as CommError naming the collective. gloo refuses
-int16 altogether: that is a UsageError before any communication.
+int16 altogether: that is a UsageError before any communication. gloo's send/recv never compare
+lengths, so each message goes with a header the receive checks first (framed.py).
 """
 from __future__ import annotations
 
@@ -18,10 +19,11 @@ import torch.distributed as dist
 from ..errors import UsageError
 from ..transport.polling import wait_polling
 from . import c10d
+from .framed import FramedPointToPoint, Frames
 from .reference import comm_error
 
 
-class GlooCommunicator(c10d.C10dBackend):
+class GlooCommunicator(FramedPointToPoint, c10d.C10dBackend):
     backend = "gloo"
     library = "gloo"
     devices = ("cpu", "cuda")
@@ -33,6 +35,7 @@ class GlooCommunicator(c10d.C10dBackend):
             store, host = c10d.rendezvous(world, timeout, self.backend)
         self._store, self._host = store, host
         self.pg = dist.ProcessGroupGloo(store, self.rank, self.size, self._options(timeout, host))
+        self.frames = Frames()   # send/recv go framed by a header (framed.py)
         atexit.register(self._release)
 
     @staticmethod
