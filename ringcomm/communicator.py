@@ -75,7 +75,7 @@ class Communicator(PointToPoint, SubCommunicators):
         self.selector = selector or Selector.from_env()   # RINGCOMM_ALGO, tuning file
         self._seq = 0
         self._seq_p2p = 0
-        self._any_source: list = []        # receives from any rank not yet matched, in posting order (point_to_point.py)
+        self._unmatched: list = []         # receives matched in posting order, not yet matched (point_to_point.py)
         self._splits = 0
         self._broken: Optional[BaseException] = None
         self._closed = False

@@ -139,9 +139,10 @@ class PointToPoint:
             return _Posted(self, call, work, request, sending=True).test, request.cancel, request.passive
         if call.peer is not None:
             work.source = call.peer
-            request = transport.irecv(call.out.flat, call.peer, tag)
-            return _Posted(self, call, work, request).test, request.cancel, not_passive
-        posted = _AnySource(self, call, work, tag)
+            if not any(op.tag == tag for op in self._unmatched):
+                request = transport.irecv(call.out.flat, call.peer, tag)
+                return _Posted(self, call, work, request).test, request.cancel, not_passive
+        posted = _InTurn(self, call, work, tag)
         return posted.test, posted.cancel, not_passive
 
 
@@ -208,25 +209,27 @@ class _Posted:
         return False
 
 
-class _AnySource(_Posted):
-    """A receive from any rank: finds the first message under its tag, then receives it.
+class _InTurn(_Posted):
+    """A receive from any rank, or one from a given rank posted while one from any rank under
+    its tag is unmatched: it takes its message in posting order, as MPI matches them.
 
-    Receives from any rank under one tag take their messages in the order they were posted, as
-    MPI matches them, whichever is tested first: a thread waiting on the last of several took
-    the first message while the receives posted before it took later ones (waits in reverse order
-    got the messages in reverse). So a test lets every earlier unmatched one under the tag look
-    first (``comm._any_source``; tests run under the engine's exec lock, one at a time)."""
+    A receive from any rank takes the first message under its tag nobody has claimed. Tested
+    when its Work was waited, one waited before earlier ones took their messages (waits in
+    reverse order got the messages in reverse), and a receive from rank r posted behind one from
+    any rank claimed r's next message at once, before the earlier receive could. So these wait
+    in ``comm._unmatched``, in posting order, and a test lets every earlier one under the tag
+    match first (tests run under the engine's exec lock, one at a time)."""
     __slots__ = ("tag",)
 
     def __init__(self, comm: Communicator, call: Call, work: Work, tag: int):
         super().__init__(comm, call, work, None)
         self.tag = tag
-        comm._any_source.append(self)
+        comm._unmatched.append(self)
 
     def test(self) -> bool:
         if self.request is None:
             try:
-                for earlier in [op for op in self.comm._any_source if op.tag == self.tag]:
+                for earlier in [op for op in self.comm._unmatched if op.tag == self.tag]:
                     if not earlier._match() or earlier is self:
                         break
                 if self.request is None:
@@ -237,19 +240,21 @@ class _AnySource(_Posted):
         return self.moved() or self.stalled(self.work.source)
 
     def _match(self) -> bool:
-        """Take the first message under the tag nobody has claimed; False if there is none."""
+        """Claim this receive's message: from its rank, the next one; from any rank, the first
+        under the tag nobody has claimed (False if there is none yet)."""
         transport = self.comm.transport
-        hit = transport.probe(None, self.tag)
-        if hit is None:
-            return False
-        self.work.source = hit[0]
-        self.request = transport.irecv(self.call.out.flat, hit[0], self.tag)
+        if self.call.peer is None:
+            hit = transport.probe(None, self.tag)
+            if hit is None:
+                return False
+            self.work.source = hit[0]
+        self.request = transport.irecv(self.call.out.flat, self.work.source, self.tag)
         self._unlist()
         return True
 
     def _unlist(self) -> None:
         try:
-            self.comm._any_source.remove(self)
+            self.comm._unmatched.remove(self)
         except ValueError:
             pass
 

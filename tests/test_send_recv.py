@@ -91,6 +91,34 @@ def test_receives_from_any_rank_take_messages_in_posting_order_whatever_order_th
         assert [v for s, v in got if s == sender] == [100.0 * sender + k for k in range(6)], got
 
 
+def test_a_receive_from_one_rank_posted_behind_one_from_any_rank_takes_the_next_message():
+    """MPI: of rank 1's two messages, the first goes to the receive from any rank posted first,
+    the second to the receive from rank 1 posted after it (before, the latter claimed the first
+    at once). Waited in either order; a receive under another tag is not held back."""
+    def body(comm):
+        if comm.rank == 1:
+            comm.send(np.full(2, 7.0), 0, tag=3)
+            for _ in range(2):
+                for k in range(2):
+                    comm.send(np.full(2, float(k)), 0, tag=2)
+                comm.barrier()
+            return None
+        results = []
+        for order in (1, -1):
+            first, second = np.zeros(2), np.zeros(2)
+            any_rank = comm.recv(first, None, tag=2, async_op=True)
+            from_one = comm.recv(second, 1, tag=2, async_op=True)
+            if order == 1:   # another tag: not held behind tag 2's receive from any rank
+                results.append(float(comm.recv(np.zeros(2), 1, tag=3)[0]))
+            for work in (any_rank, from_one)[::order]:
+                work.wait(30)
+            results.append((first[0], second[0], any_rank.source))
+            comm.barrier()
+        return results
+    got = run_threads(2, body)[0]
+    assert got == [7.0, (0.0, 1.0, 1), (0.0, 1.0, 1)], got
+
+
 @pytest.mark.parametrize("theirs,mine,words", [
     (np.zeros(4, np.float32), np.zeros(4, np.int32), ["float32", "int32", "tag 0"]),
     (np.zeros(4, np.float32), np.zeros(5, np.float32), ["bytes", "16", "20"]),

@@ -74,6 +74,19 @@ else:
         assert (buf == buf[0]).all() and buf[0] // 1000 == work.source, (buf, work.source)
         seen[work.source].append(int(buf[0]) % 1000)
     assert all(got == list(range(COUNT)) for got in seen.values()), seen
+
+# MPI's matching: rank 1's first message under a tag goes to a receive from any rank posted
+# before a receive from rank 1, its second to the latter, whichever is waited first.
+if RANK == 1:
+    for k in range(2):
+        world.send(np.full(2, k, np.int64), 0, tag=11)
+elif RANK == 0:
+    first, second = np.full(2, -1, np.int64), np.full(2, -1, np.int64)
+    any_rank = world.recv(first, None, tag=11, async_op=True)
+    from_one = world.recv(second, 1, tag=11, async_op=True)
+    from_one.wait()
+    any_rank.wait()
+    assert (first[0], second[0], any_rank.source) == (0, 1, 1), (first, second, any_rank.source)
 world.barrier()
 if RANK == 0:
     print(f"p2p contract: {BACKEND} ok", flush=True)
