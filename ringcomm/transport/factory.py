@@ -12,6 +12,7 @@ import os
 import socket
 import sys
 import threading
+import time
 from typing import Optional
 
 from .. import env
@@ -117,6 +118,9 @@ def _watchdog(what: str, timeout: Optional[float], rank: int):
         sys.stderr.write(f"ringcomm: init on rank {rank}: {what} has not returned after {timeout:g} s (the init "
                          f"timeout): a process of the job never reached it, gave up, or is stopped; ending the job\n")
         sys.stderr.flush()
+        # The launcher forwards a process's stderr through its proxy, which MPI_Abort ends: right
+        # after the write, the reason was lost under load (make test: exit 1, stderr empty).
+        time.sleep(0.5)
         sys.modules["mpi4py.MPI"].COMM_WORLD.Abort(1)
         os._exit(1)   # not reached: MPI_Abort ends this process too
     threading.Thread(target=watch, name="ringcomm-init-watchdog", daemon=True).start()
