@@ -75,7 +75,7 @@ def moves_plan(window, copies=(), reads=(), writes=()) -> bytes:
     way. Entries of no bytes are left out."""
     copies = [c for c in copies if c[-1]]
     reads, writes = [r for r in reads if r[-1]], [w for w in writes if w[-1]]
-    block = 2 if window.memory is not None else -1   # a row's inode word (Window.address_words)
+    block = window.block_word   # a row's inode word (Window.address_words)
     words = [len(copies), len(reads), len(writes), block]
     for entry in (*copies, *reads, *writes):
         words.extend(entry)

@@ -67,7 +67,8 @@ class DirectAllToAll(PlannedAlgorithm):
         if core is None or shape.counts[me] != shape.recv_counts[me] or not _planned.usable(window, src, dst):
             return None
         words = window.address_words((src,))   # its address, and the ringcomm.empty block it lies in
-        return partial(_compiled, window, core, src, dst, shape, _plan(shape, me, dst.itemsize, tuple(words[1:])))
+        return partial(_compiled, window, core, src, dst, shape, _plan(shape, me, dst.itemsize, tuple(words[1:]),
+                                                                   window.block_word))
 
 
 def _compiled(window, core, src, dst, shape, plan: bytes, stamp: int, word: int, trouble) -> None:
@@ -75,22 +76,16 @@ def _compiled(window, core, src, dst, shape, plan: bytes, stamp: int, word: int,
     the kernel refused, a slow distance), the Python road's waits and reads, which explain it."""
     k = window.round + 1
     slots = after_compiled(window, k, core.direct(k, src, dst, plan, stamp, word, window.spin),
-                           stamp, word, trouble, _head(window) + 2 * window.size)
+                           stamp, word, trouble, window.array_words + 2 * window.size)
     if slots is not None:
         _read_peers(window, dst, shape, slots, stamp, word, trouble)
-
-
-def _head(window) -> int:
-    """Words of a row before its table: the input's address, then, where the window maps peers'
-    ringcomm.empty blocks, the four words that say which block it lies in (Window.address_words)."""
-    return 1 if window.memory is None else 5
 
 
 def _read_peers(window, dst, shape, slots: list, stamp: int, word: int, trouble) -> None:
     """Read from each peer the block it holds for this rank (after checking its length, posted in
     ``slots``), then the second round. A peer's input in a ringcomm.empty block is mapped here
     and copied with plain loads (Window.learn, Window.reader)."""
-    me, recvs, head = window.rank, shape.recv_counts, _head(window)
+    me, recvs, head = window.rank, shape.recv_counts, window.array_words   # the words before the table
     roff = offsets(recvs)
     if head > 1:
         window.learn([row[:head] for row in slots])
@@ -105,10 +100,11 @@ def _read_peers(window, dst, shape, slots: list, stamp: int, word: int, trouble)
 
 
 @lru_cache(maxsize=256)
-def _plan(shape, me: int, item: int, block: tuple) -> bytes:
+def _plan(shape, me: int, item: int, block: tuple, inode: int) -> bytes:
     """The compiled call's plan (core/_round.c): the table posted after the input's address (the
     ``block`` words, then each destination's offset and count), this rank's own block, and the
-    block each peer holds for it. Each peer's block word (its inode) is checked like a count,
+    block each peer holds for it. Each peer's block word (its inode, word ``inode`` of its row:
+    Window.block_word) is checked like a count,
     against 0: where a peer's input is a ringcomm.empty block the core hands the reads back to the
     Python road, which maps the block and copies (CMA pins its 4 KiB pages: a 64 MiB all_to_all
     on blocks took 1.45-1.49x MPI's time read by CMA, 1.04-1.14x mapped)."""
@@ -119,7 +115,7 @@ def _plan(shape, me: int, item: int, block: tuple) -> bytes:
     copies = [(soff[me] * item, roff[me] * item, sends[me] * item)] if sends[me] else []
     reads = [(j, head + 2 * me, head + 1 + 2 * me, roff[j] * item, recvs[j]) for j in range(n) if j != me]
     if block:   # (peer, -, its inode word, -, 0): a count check that its input is no block
-        reads = [(j, 0, 2, 0, 0) for j in range(n) if j != me] + reads
+        reads = [(j, 0, inode, 0, 0) for j in range(n) if j != me] + reads
     words = [len(table), len(copies), len(reads), item, *table]
     for entry in copies + reads:
         words.extend(entry)

@@ -34,6 +34,11 @@ POISON = -1              # the stamp of a rank that gave up (window stamps are n
 CAPACITY = 64 << 10       # payload bytes per rank per round of a sub-communicator's window
 JOB_CAPACITY = 512 << 10  # the same for the whole job's window: medium collectives in a few rounds
 LINE = 64
+# A direct algorithm's row (``address_words``) holds per array its address, and where the window
+# maps peers' ringcomm.empty blocks (``memory``) the four words of memory.words after it:
+# descriptor, inode, block address, block size. The inode is nonzero where the array lies in a block.
+BLOCK_WORDS = 4
+INODE = 2                # an array's inode word, counted from its address
 SPIN_SECONDS = SPIN_SHARED   # a window's default budget; shm passes spin_for(its node)
 
 
@@ -117,6 +122,17 @@ class Window:
         self._peers = [r for r in range(self.size) if r != rank]
 
     # ---- peers' ringcomm.empty buffers (memory.py) ---------------------------------------------
+    @property
+    def array_words(self) -> int:
+        """Words ``address_words`` posts per array: 1, or 1 + BLOCK_WORDS with ``memory``."""
+        return 1 if self.memory is None else 1 + BLOCK_WORDS
+
+    @property
+    def block_word(self) -> int:
+        """Where in an array's words its inode lies (nonzero: the array lies in a ringcomm.empty
+        block), or -1 where the window posts addresses alone."""
+        return -1 if self.memory is None else INODE
+
     def address_words(self, arrays) -> list:
         """The words a direct algorithm posts for ``arrays``: each one's address, and where the
         window has ``memory``, the four words that let peers map the block it lies in."""
@@ -134,11 +150,12 @@ class Window:
         peers' blocks not mapped here yet are mapped on the way."""
         if self.memory is None:
             return rows
+        step = self.array_words
         for r, row in enumerate(rows):
-            if r == self.rank or not any(row[2::5]):   # no inode: none of its buffers is a block
+            if r == self.rank or not any(row[INODE::step]):   # no inode: none of its buffers is a block
                 continue
-            for i in range(0, len(row), 5):
-                fd, ino, start, nbytes = row[i + 1:i + 5]
+            for i in range(0, len(row), step):
+                fd, ino, start, nbytes = row[i + 1:i + step]
                 if ino and not any(s == start for s, _, _ in self._mapped[r]):
                     view = self.memory.open(r, fd, ino, nbytes)
                     if view is not None:
