@@ -305,8 +305,9 @@ def test_a_send_read_out_of_the_callers_array_times_out_saying_it_waits_for_its_
 def test_reads_take_the_detour_past_slow_distances_only_where_the_host_needs_it():
     """cma.distance_cost decides per process; without CMA nothing is read in place anyway."""
     from ringcomm.transport.shm import cma
+    # The value alone, not a word: two ranks' prints may share a line ("bounce=Truerank 0 ...").
     proc = run_mpi(2, "show_cma_floor.py", timeout=60)
     expected = str(cma.slow_distances()) if cma.blocked() is None else "True"
-    assert re.findall(r"\bbounce=(\w+)", proc.stdout) == [expected] * 2, proc.stdout
+    assert re.findall(r"\bbounce=(True|False)", proc.stdout) == [expected] * 2, proc.stdout
     proc = run_mpi(2, "show_cma_floor.py", env={"RINGCOMM_SHM_CMA": "0"}, timeout=60)
-    assert re.findall(r"\bbounce=(\w+)", proc.stdout) == ["True"] * 2, proc.stdout
+    assert re.findall(r"\bbounce=(True|False)", proc.stdout) == ["True"] * 2, proc.stdout
