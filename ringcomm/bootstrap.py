@@ -20,17 +20,27 @@ messages there before their notices (they sent them before giving up), and go on
 node split (``MPI_Comm_split``), where it once waited forever. Nothing can poll the split, so
 transport/factory.py runs it under a watchdog that ends the job past the timeout.
 
-Left unbounded: MPI_Init itself, where ``init`` is the first to import mpi4py (MPICH's start
-waits for every process of the job, and mpirun keeps the job while one has not started), and the
-reference backends' own set-up.
+MPI_Init comes before all that, where ``init`` is the one to start MPI: MPICH's (and Open MPI's)
+waits for every process of the job, holding the GIL, so nothing in Python can watch it, and a
+process that never reached ``init`` held every other one there forever. ``mpi_init_deadline``
+arms a native thread (_deadline.c) that ends the process at the timeout with the reason on
+stderr; the launcher then ends the job. Left unbounded: the reference backends' own set-up.
 """
 from __future__ import annotations
 
+import contextlib
+import faulthandler
+import os
 import pickle
 from typing import Any, Optional
 
 from .errors import CommTimeoutError, PeerAbortedError
 from .transport.polling import wait_polling
+
+try:
+    from ._deadline import Deadline
+except ImportError:   # not built (no compiler at install time): faulthandler's watchdog instead
+    Deadline = None
 
 ABORT_TAG = 0   # exchanges use tags 1, 2, ...
 NOTICE_WAIT = 1.0   # seconds a rank that gives up waits for its notices to leave
@@ -39,12 +49,14 @@ _notices: list = []   # abort notices in flight: MPI reads their buffers after t
 
 class Bootstrap:
     """Init's view of the job: ``comm``, a duplicate of ``world`` that only ringcomm uses, and
-    ``allgather`` over it under ``timeout`` seconds (None: forever)."""
+    ``allgather`` over it under ``timeout`` seconds (None: forever). ``call``: what every rank
+    must call to take part, in the errors' words (torch's rendezvous under mpirun uses it too)."""
 
-    def __init__(self, world, timeout: Optional[float]):
+    def __init__(self, world, timeout: Optional[float], call: str = "ringcomm.init"):
         from mpi4py import MPI
         self._MPI = MPI
         self.timeout = timeout
+        self.call = call
         self.size = world.Get_size()
         self.count = 0   # exchanges so far: each has a tag of its own
         comm, request = world.Idup()
@@ -53,7 +65,7 @@ class Bootstrap:
             # communicator it would have made: a failed init leaks one.
             raise CommTimeoutError(
                 f"init on rank {world.Get_rank()}: timed out after {timeout:g} s waiting for every one of the job's "
-                f"{self.size} ranks to call ringcomm.init (MPI_Comm_idup over MPI_COMM_WORLD): a rank that never "
+                f"{self.size} ranks to call {call} (MPI_Comm_idup over MPI_COMM_WORLD): a rank that never "
                 f"calls it, or is stopped, holds up the others")
         self.comm = comm
         self.rank = comm.Get_rank()
@@ -80,7 +92,7 @@ class Bootstrap:
 
         if not wait_polling(arrived, self.timeout):
             missing = [r for r in range(self.size) if r not in got]
-            whom = (f"ranks {missing} (they have not reached it: stopped, or still on their way to ringcomm.init)"
+            whom = (f"ranks {missing} (they have not reached it: stopped, or still on their way to {self.call})"
                     if missing else "its messages to be received")
             err = CommTimeoutError(f"init on rank {self.rank}: timed out after {self.timeout:g} s in exchange "
                                    f"#{tag} ({what}) waiting for {whom}")
@@ -111,3 +123,33 @@ class Bootstrap:
     def free(self) -> None:
         self.comm.Free()
 
+
+
+# Launchers' rank variables, for the words of an error raised before MPI knows the rank.
+_RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
+
+
+@contextlib.contextmanager
+def mpi_init_deadline(timeout: Optional[float], call: str = "ringcomm.init"):
+    """Around MPI_Init (the module docstring): unless it returns within ``timeout`` seconds,
+    end this process with the reason on stderr (``call``: what starts MPI, in its words).
+    Without the compiled piece, faulthandler's watchdog does it, with a traceback for a reason."""
+    if timeout is None:
+        yield
+        return
+    rank = next((os.environ[v] for v in _RANK_VARIABLES if os.environ.get(v, "").strip()), "?")
+    if Deadline is None:
+        faulthandler.dump_traceback_later(timeout, exit=True)
+        try:
+            yield
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+        return
+    deadline = Deadline(timeout, (
+        f"ringcomm: init on rank {rank}: MPI_Init has not returned after {timeout:g} s (the init timeout): "
+        f"it waits for every process of the job, and one never reached it (stuck or stopped before "
+        f"{call}, or never started); ending this process, and with it the job\n").encode())
+    try:
+        yield
+    finally:
+        deadline.cancel()

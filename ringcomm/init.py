@@ -45,7 +45,7 @@ def init(backend: Optional[str] = None, *, timeout: Optional[float] = None) -> C
     torchrun = _torchrun_store(views, backend, timeout)
     if torchrun is not None:
         return init_from_store(*torchrun, timeout=timeout)
-    MPI = _mpi()
+    MPI = start_mpi(timeout)
     from .bootstrap import Bootstrap
     from .topology import Topology, node_name
     boot = Bootstrap(MPI.COMM_WORLD, timeout)   # every exchange until the transport exists is bounded
@@ -171,18 +171,22 @@ def _timeout(timeout) -> float:
     return float(timeout)
 
 
-def _mpi():
-    """Import mpi4py's MPI, asking for MPI_THREAD_MULTIPLE when ringcomm initialises MPI.
+def start_mpi(timeout: Optional[float] = None, call: str = "ringcomm.init"):
+    """Import mpi4py's MPI, asking for MPI_THREAD_MULTIPLE when ringcomm initialises MPI, and
+    ending the process if MPI_Init has not returned after ``timeout`` seconds (bootstrap.py;
+    ``call``: what the caller's program called, in the error's words).
 
     The progress thread runs async collectives while the caller may still use MPI, so anything
     below 'multiple' is only tolerable at 'serialized' (the communicator serialises its own calls).
     """
     import mpi4py
-    if "mpi4py.MPI" not in sys.modules:
-        mpi4py.rc.thread_level = "multiple"
-    from mpi4py import MPI
-    if not MPI.Is_initialized():
-        MPI.Init_thread(MPI.THREAD_MULTIPLE)
+    from .bootstrap import mpi_init_deadline
+    with mpi_init_deadline(timeout, call):
+        if "mpi4py.MPI" not in sys.modules:
+            mpi4py.rc.thread_level = "multiple"
+        from mpi4py import MPI
+        if not MPI.Is_initialized():
+            MPI.Init_thread(MPI.THREAD_MULTIPLE)
     if MPI.Query_thread() < MPI.THREAD_SERIALIZED:
         names = {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled"}
         raise UsageError(f"init: MPI was initialised with thread level "

@@ -200,6 +200,28 @@ def test_a_rank_that_does_not_reach_init_in_time_fails_init_on_the_others(scenar
         assert "waiting for ranks [0, 2]" in outcome or "gave up" in outcome, outcome
 
 
+def test_a_rank_that_never_reaches_init_ends_the_job_at_mpi_inits_deadline(tmp_path):
+    """Rank 1 of 3 sleeps 600 s before ringcomm.init, which starts MPI. MPI_Init waits for every
+    process of the job holding the GIL, so ranks 0 and 2 waited there forever, with no word. Now
+    a native thread ends them at the init timeout with the reason on stderr, and mpirun ends
+    rank 1 (bootstrap.mpi_init_deadline)."""
+    started = time.monotonic()
+    proc = run_mpi(3, "late_mpi_init.py", tmp_path, "never", timeout=120, check=False)
+    took = time.monotonic() - started
+    assert proc.returncode != 0
+    assert re.search(r"ringcomm: init on rank [02]: MPI_Init has not returned after 2 s \(the init timeout\)",
+                     proc.stderr), proc.stderr[-3000:]
+    assert "init returned" not in proc.stderr + proc.stdout
+    assert took < 30, took
+
+
+def test_mpi_inits_deadline_is_disarmed_once_mpi_init_returns(tmp_path):
+    """Ranks that init with a 1 s timeout and work on past it are not ended by the deadline."""
+    run_mpi(3, "late_mpi_init.py", tmp_path, "on_time", timeout=120)
+    for rank in range(3):
+        assert (tmp_path / f"rank{rank}.txt").read_text() == f"rank {rank}: ok 6\n"
+
+
 def test_a_rank_late_to_inits_last_exchange_ends_the_job_instead_of_waiting_alone_in_the_split(tmp_path):
     """Rank 1 of 3 is 6 s late to init's last exchange (settings); the others give up at 2 s. Their
     messages were sent before they did, so rank 1 found the exchange complete and waited forever

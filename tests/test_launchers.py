@@ -1,12 +1,14 @@
 """ringcomm.init() and other launchers' variables: garbage is named, a silent world of one is refused."""
 import os
+import re
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
-from mpi_util import ROOT
+from mpi_util import ROOT, run_mpi
 from ringcomm import UsageError
 from ringcomm.init import launcher_problem, launcher_views
 
@@ -124,3 +126,23 @@ def test_torchrun_across_nodes_is_refused_at_init_naming_mpirun():
         out, err = job.communicate(timeout=120)
         assert job.returncode != 0 and "size" not in out, out
         assert "run on 2 nodes (node0, node1)" in err and "Launch with mpirun" in err, err
+
+
+@pytest.mark.parametrize("backend", ["ringcomm", "gloo"])
+def test_init_process_group_under_mpirun_fails_at_its_timeout_when_a_rank_never_calls_it(backend, tmp_path):
+    """env:// under mpirun takes its rendezvous over MPI (torch_groups.mpi_rendezvous), whose
+    MPI_Init, allgather and bcast waited forever for a rank that never called init_process_group;
+    now each is bounded by torch's timeout (2 s here)."""
+    started = time.monotonic()
+    proc = run_mpi(3, "late_process_group.py", backend, "never_mpi", timeout=120, check=False)
+    assert proc.returncode != 0
+    assert re.search(r"ringcomm: init on rank [02]: MPI_Init has not returned after 2 s", proc.stderr), \
+        proc.stderr[-3000:]
+    assert time.monotonic() - started < 30
+    proc = run_mpi(3, "late_process_group.py", backend, "no_group", timeout=120, check=False)
+    for rank in (0, 2):
+        line = re.search(rf"rank {rank} after ([\d.]+) s: (.*)", proc.stdout)
+        assert line, proc.stdout + proc.stderr[-3000:]
+        took, outcome = float(line.group(1)), line.group(2)
+        assert took < 6, (took, outcome)
+        assert outcome.startswith(("CommTimeoutError: init on rank", "PeerAbortedError: init on rank")), outcome

@@ -177,25 +177,32 @@ def mpi_rendezvous(url: str, timeout: Optional[timedelta]):
     rank, size) once, as torch's handlers do. A rank or world_size in ``url`` must be MPI's."""
     from urllib.parse import parse_qs, urlparse
 
-    from mpi4py import MPI
-    world = MPI.COMM_WORLD
+    from ..bootstrap import Bootstrap
+    from ..init import start_mpi
+    timeout = timeout or default_pg_timeout
+    limit = timeout.total_seconds()
+    # Every wait bounded by torch's timeout, as in ringcomm.init: MPI_Init (which waits for every
+    # process of the job), then exchanges polled under it instead of MPI's blocking allgather and
+    # bcast, where a rank that never called init_process_group held the others forever.
+    world = start_mpi(limit, "init_process_group").COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
     query = {k: v[-1] for k, v in parse_qs(urlparse(url).query).items()}
     for name, mine in (("rank", rank), ("world_size", size)):
         if name in query and int(query[name]) != mine:
             raise UsageError(f"init_process_group got unexpected value for argument {name!r} (expected MPI's "
                              f"{mine}: mpirun started this job, rank {rank} of {size}; got {query[name]})")
-    timeout = timeout or default_pg_timeout
-    hosts = world.allgather(socket.gethostname())
+    boot = Bootstrap(world, limit, call="init_process_group")
+    hosts = boot.allgather(socket.gethostname(), "hosts")
     host = "127.0.0.1" if len(set(hosts)) == 1 else hosts[0]
     store = None
     if rank == 0:
         store = dist.TCPStore(host, 0, size, is_master=True, timeout=timeout, wait_for_workers=False)
-    port = world.bcast(None if store is None else store.port, root=0)
+    port = boot.allgather(None if store is None else store.port, "rank 0's store")[0]
     if store is None:
         store = dist.TCPStore(host, port, size, is_master=False, timeout=timeout)
     # Rank 0 must not run ahead and destroy the store before every rank has connected.
-    _mpi_barrier(world, timeout.total_seconds(), rank)
+    _mpi_barrier(boot.comm, limit, rank)
+    boot.free()
     yield store, rank, size
     raise RuntimeError("Unable to perform re-rendezvous using env:// under mpirun")
 

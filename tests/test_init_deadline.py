@@ -1,0 +1,64 @@
+"""MPI_Init's deadline (bootstrap.mpi_init_deadline, _deadline.c) on its own, in a child process:
+it must fire while the main thread blocks holding the GIL, as MPI_Init does, and only then."""
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ringcomm import bootstrap
+
+CHILD = """
+import ctypes, sys, time
+from ringcomm import bootstrap
+if sys.argv[1] == "fallback":
+    bootstrap.Deadline = None
+with bootstrap.mpi_init_deadline(float(sys.argv[2])):
+    if sys.argv[3] == "block":
+        ctypes.PyDLL(None).sleep(20)   # holds the GIL, as mpi4py's MPI_Init does
+print("returned", flush=True)
+time.sleep(1.0)   # past the deadline: a disarmed one stays quiet
+print("done", flush=True)
+"""
+
+
+def run(kind: str, seconds: float, what: str) -> tuple:
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", CHILD, kind, str(seconds), what], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PMI_RANK": "5"})
+    return proc, time.monotonic() - started
+
+
+native = pytest.mark.skipif(bootstrap.Deadline is None, reason="ringcomm._deadline was not built (no C compiler)")
+
+
+@native
+def test_the_deadline_ends_a_process_blocked_with_the_gil_held_and_says_why():
+    proc, took = run("native", 0.5, "block")
+    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    assert "returned" not in proc.stdout
+    assert proc.stderr.startswith("ringcomm: init on rank 5: MPI_Init has not returned after 0.5 s (the init "
+                                  "timeout): it waits for every process of the job"), proc.stderr
+    assert took < 10, took
+
+
+@native
+def test_a_deadline_cancelled_in_time_never_fires():
+    proc, _ = run("native", 0.5, "return")
+    assert proc.returncode == 0 and proc.stdout == "returned\ndone\n" and proc.stderr == "", proc
+
+
+def test_without_the_compiled_piece_faulthandler_ends_the_process():
+    proc, took = run("fallback", 0.5, "block")
+    assert proc.returncode == 1 and proc.stderr.startswith("Timeout (0:00:00.500000)!"), (proc.stdout, proc.stderr)
+    assert took < 10, took
+    proc, _ = run("fallback", 0.5, "return")
+    assert proc.returncode == 0 and proc.stdout == "returned\ndone\n" and proc.stderr == "", proc
+
+
+@native
+@pytest.mark.parametrize("seconds", [0.0, -1.0, float("nan"), float("inf")])
+def test_a_deadline_refuses_a_bad_number_of_seconds(seconds):
+    with pytest.raises(ValueError, match='argument "seconds" .*expected a number of seconds > 0'):
+        bootstrap.Deadline(seconds, b"never written")
