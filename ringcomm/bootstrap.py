@@ -23,8 +23,9 @@ transport/factory.py runs it under a watchdog that ends the job past the timeout
 MPI_Init comes before all that, where ``init`` is the one to start MPI: MPICH's (and Open MPI's)
 waits for every process of the job, holding the GIL, so nothing in Python can watch it, and a
 process that never reached ``init`` held every other one there forever. ``mpi_init_deadline``
-arms a native thread (_deadline.c) that ends the process at the timeout with the reason on
-stderr; the launcher then ends the job. Left unbounded: the reference backends' own set-up.
+arms a native thread (_deadline.c) that ends the process at the timeout (at least 30 s, or
+RINGCOMM_MPI_INIT_TIMEOUT) with the reason on stderr; the launcher then ends the job. Left
+unbounded: the reference backends' own set-up.
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ import os
 import pickle
 from typing import Any, Optional
 
+from . import env
 from .errors import CommTimeoutError, PeerAbortedError
 from .transport.polling import wait_polling
 
@@ -125,28 +127,44 @@ class Bootstrap:
 
 
 
+# MPI_Init also waits out the processes' start-up (imports, a slow file system), which no
+# collective's timeout measures: a 2 s timeout meant for failing collectives fast must not end a
+# healthy job whose processes started 3 s apart.
+MPI_INIT_FLOOR = 30.0
+
 # Launchers' rank variables, for the words of an error raised before MPI knows the rank.
 _RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
 
 
+def mpi_init_limit(timeout: Optional[float]) -> tuple:
+    """(seconds MPI_Init may wait, or None for ever; where that comes from, in an error's words)."""
+    chosen = env.get("RINGCOMM_MPI_INIT_TIMEOUT")
+    if chosen is not None:
+        return chosen, "RINGCOMM_MPI_INIT_TIMEOUT"
+    if timeout is None:
+        return None, ""
+    return max(timeout, MPI_INIT_FLOOR), f"the init timeout, at least {MPI_INIT_FLOOR:g} s"
+
+
 @contextlib.contextmanager
 def mpi_init_deadline(timeout: Optional[float], call: str = "ringcomm.init"):
-    """Around MPI_Init (the module docstring): unless it returns within ``timeout`` seconds,
+    """Around MPI_Init (the module docstring): unless it returns in time (``mpi_init_limit``),
     end this process with the reason on stderr (``call``: what starts MPI, in its words).
     Without the compiled piece, faulthandler's watchdog does it, with a traceback for a reason."""
-    if timeout is None:
+    limit, source = mpi_init_limit(timeout)
+    if limit is None:
         yield
         return
     rank = next((os.environ[v] for v in _RANK_VARIABLES if os.environ.get(v, "").strip()), "?")
     if Deadline is None:
-        faulthandler.dump_traceback_later(timeout, exit=True)
+        faulthandler.dump_traceback_later(limit, exit=True)
         try:
             yield
         finally:
             faulthandler.cancel_dump_traceback_later()
         return
-    deadline = Deadline(timeout, (
-        f"ringcomm: init on rank {rank}: MPI_Init has not returned after {timeout:g} s (the init timeout): "
+    deadline = Deadline(limit, (
+        f"ringcomm: init on rank {rank}: MPI_Init has not returned after {limit:g} s ({source}): "
         f"it waits for every process of the job, and one never reached it (stuck or stopped before "
         f"{call}, or never started); ending this process, and with it the job\n").encode())
     try:

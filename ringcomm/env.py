@@ -97,6 +97,9 @@ VARIABLES = {v.name: v for v in (
     Variable("RINGCOMM_TIMEOUT", "a finite number of seconds > 0", "300",
              "deadline of every wait (collectives, segment setup, rendezvous) unless init(timeout=) says",
              _seconds),
+    Variable("RINGCOMM_MPI_INIT_TIMEOUT", "a finite number of seconds > 0", "the init timeout, at least 30",
+             "how long MPI_Init, where ringcomm.init starts MPI, may wait for every process of the job before "
+             "this process ends itself; it also waits out the processes' start-up", _seconds),
     Variable("RINGCOMM_TRANSPORT", "one of auto, mpi, shm", "auto",
              "auto: shared memory inside a node, MPI between nodes; mpi: MPI everywhere; "
              "shm: like auto but refuse to start unless every peer shares this node",

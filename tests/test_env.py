@@ -9,6 +9,7 @@ from ringcomm.testing import run_threads
 BAD = {
     "RINGCOMM_BACKEND": "bogus",
     "RINGCOMM_TIMEOUT": "abc",
+    "RINGCOMM_MPI_INIT_TIMEOUT": "-1",
     "RINGCOMM_TRANSPORT": "carrier-pigeon",
     "RINGCOMM_ALGO": "all_reduce=butterfly",
     "RINGCOMM_DEBUG": "bogus",

@@ -203,21 +203,22 @@ def test_a_rank_that_does_not_reach_init_in_time_fails_init_on_the_others(scenar
 def test_a_rank_that_never_reaches_init_ends_the_job_at_mpi_inits_deadline(tmp_path):
     """Rank 1 of 3 sleeps 600 s before ringcomm.init, which starts MPI. MPI_Init waits for every
     process of the job holding the GIL, so ranks 0 and 2 waited there forever, with no word. Now
-    a native thread ends them at the init timeout with the reason on stderr, and mpirun ends
-    rank 1 (bootstrap.mpi_init_deadline)."""
+    a native thread ends them at the deadline (RINGCOMM_MPI_INIT_TIMEOUT here) with the reason on
+    stderr, and mpirun ends rank 1 (bootstrap.mpi_init_deadline)."""
     started = time.monotonic()
-    proc = run_mpi(3, "late_mpi_init.py", tmp_path, "never", timeout=120, check=False)
+    proc = run_mpi(3, "late_mpi_init.py", tmp_path, "never", timeout=120, check=False,
+                   env={"RINGCOMM_MPI_INIT_TIMEOUT": "2"})
     took = time.monotonic() - started
     assert proc.returncode != 0
-    assert re.search(r"ringcomm: init on rank [02]: MPI_Init has not returned after 2 s \(the init timeout\)",
-                     proc.stderr), proc.stderr[-3000:]
+    assert re.search(r"ringcomm: init on rank [02]: MPI_Init has not returned after 2 s "
+                     r"\(RINGCOMM_MPI_INIT_TIMEOUT\)", proc.stderr), proc.stderr[-3000:]
     assert "init returned" not in proc.stderr + proc.stdout
     assert took < 30, took
 
 
 def test_mpi_inits_deadline_is_disarmed_once_mpi_init_returns(tmp_path):
-    """Ranks that init with a 1 s timeout and work on past it are not ended by the deadline."""
-    run_mpi(3, "late_mpi_init.py", tmp_path, "on_time", timeout=120)
+    """Ranks whose MPI_Init may take 1 s, and which work on past it, are not ended by the deadline."""
+    run_mpi(3, "late_mpi_init.py", tmp_path, "on_time", timeout=120, env={"RINGCOMM_MPI_INIT_TIMEOUT": "1"})
     for rank in range(3):
         assert (tmp_path / f"rank{rank}.txt").read_text() == f"rank {rank}: ok 6\n"
 

@@ -7,15 +7,15 @@ import time
 
 import pytest
 
-from ringcomm import bootstrap
+from ringcomm import UsageError, bootstrap
 
 CHILD = """
 import ctypes, sys, time
 from ringcomm import bootstrap
 if sys.argv[1] == "fallback":
     bootstrap.Deadline = None
-with bootstrap.mpi_init_deadline(float(sys.argv[2])):
-    if sys.argv[3] == "block":
+with bootstrap.mpi_init_deadline(300.0):   # RINGCOMM_MPI_INIT_TIMEOUT says
+    if sys.argv[2] == "block":
         ctypes.PyDLL(None).sleep(20)   # holds the GIL, as mpi4py's MPI_Init does
 print("returned", flush=True)
 time.sleep(1.0)   # past the deadline: a disarmed one stays quiet
@@ -25,8 +25,9 @@ print("done", flush=True)
 
 def run(kind: str, seconds: float, what: str) -> tuple:
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-c", CHILD, kind, str(seconds), what], capture_output=True, text=True,
-                          timeout=60, env={**os.environ, "PMI_RANK": "5"})
+    environ = {**os.environ, "PMI_RANK": "5", "RINGCOMM_MPI_INIT_TIMEOUT": str(seconds)}
+    proc = subprocess.run([sys.executable, "-c", CHILD, kind, what], capture_output=True, text=True, timeout=60,
+                          env=environ)
     return proc, time.monotonic() - started
 
 
@@ -38,8 +39,8 @@ def test_the_deadline_ends_a_process_blocked_with_the_gil_held_and_says_why():
     proc, took = run("native", 0.5, "block")
     assert proc.returncode == 1, (proc.stdout, proc.stderr)
     assert "returned" not in proc.stdout
-    assert proc.stderr.startswith("ringcomm: init on rank 5: MPI_Init has not returned after 0.5 s (the init "
-                                  "timeout): it waits for every process of the job"), proc.stderr
+    assert proc.stderr.startswith("ringcomm: init on rank 5: MPI_Init has not returned after 0.5 s "
+                                  "(RINGCOMM_MPI_INIT_TIMEOUT): it waits for every process of the job"), proc.stderr
     assert took < 10, took
 
 
@@ -62,3 +63,16 @@ def test_without_the_compiled_piece_faulthandler_ends_the_process():
 def test_a_deadline_refuses_a_bad_number_of_seconds(seconds):
     with pytest.raises(ValueError, match='argument "seconds" .*expected a number of seconds > 0'):
         bootstrap.Deadline(seconds, b"never written")
+
+
+def test_mpi_init_waits_the_init_timeout_but_at_least_the_floor_unless_the_variable_says(monkeypatch):
+    monkeypatch.delenv("RINGCOMM_MPI_INIT_TIMEOUT", raising=False)
+    assert bootstrap.mpi_init_limit(2.0) == (bootstrap.MPI_INIT_FLOOR, "the init timeout, at least 30 s")
+    assert bootstrap.mpi_init_limit(300.0) == (300.0, "the init timeout, at least 30 s")
+    assert bootstrap.mpi_init_limit(None) == (None, "")
+    monkeypatch.setenv("RINGCOMM_MPI_INIT_TIMEOUT", "2.5")
+    assert bootstrap.mpi_init_limit(300.0) == (2.5, "RINGCOMM_MPI_INIT_TIMEOUT")
+    assert bootstrap.mpi_init_limit(None) == (2.5, "RINGCOMM_MPI_INIT_TIMEOUT")
+    monkeypatch.setenv("RINGCOMM_MPI_INIT_TIMEOUT", "soon")
+    with pytest.raises(UsageError, match="RINGCOMM_MPI_INIT_TIMEOUT='soon'"):
+        bootstrap.mpi_init_limit(2.0)

@@ -132,9 +132,11 @@ def test_torchrun_across_nodes_is_refused_at_init_naming_mpirun():
 def test_init_process_group_under_mpirun_fails_at_its_timeout_when_a_rank_never_calls_it(backend, tmp_path):
     """env:// under mpirun takes its rendezvous over MPI (torch_groups.mpi_rendezvous), whose
     MPI_Init, allgather and bcast waited forever for a rank that never called init_process_group;
-    now each is bounded by torch's timeout (2 s here)."""
+    now the exchanges are bounded by torch's timeout (2 s here), MPI_Init by its deadline (set to
+    2 s here)."""
     started = time.monotonic()
-    proc = run_mpi(3, "late_process_group.py", backend, "never_mpi", timeout=120, check=False)
+    proc = run_mpi(3, "late_process_group.py", backend, "never_mpi", timeout=120, check=False,
+                   env={"RINGCOMM_MPI_INIT_TIMEOUT": "2"})
     assert proc.returncode != 0
     assert re.search(r"ringcomm: init on rank [02]: MPI_Init has not returned after 2 s", proc.stderr), \
         proc.stderr[-3000:]

@@ -5,9 +5,11 @@ end the job at the init timeout instead of waiting in MPI_Init forever.
 
 SCENARIO "never": rank 1 sleeps 600 s before init; ranks 0 and 2 call ``init(timeout=2)``, whose
 MPI_Init waits for every process of the job while holding the GIL (bootstrap.py). Its deadline
-ends them with the reason on stderr, and the launcher ends rank 1.
-"on_time": every rank calls ``init(timeout=1)``, works on for 2 s past it, all-reduces, and writes
-"rank R: ok SUM" to OUT_DIR/rank<R>.txt: a deadline disarmed when MPI_Init returned never fires.
+(RINGCOMM_MPI_INIT_TIMEOUT, which the test sets to 2 s) ends them with the reason on stderr, and
+the launcher ends rank 1.
+"on_time": every rank calls ``init(timeout=1)``, works on for 2 s, all-reduces, and writes
+"rank R: ok SUM" to OUT_DIR/rank<R>.txt: a deadline (RINGCOMM_MPI_INIT_TIMEOUT=1 in the test)
+disarmed when MPI_Init returned never fires.
 
 Nothing here imports mpi4py.MPI before init (that would start MPI outside ringcomm's deadline):
 the rank comes from the launcher's variable.

@@ -4,7 +4,8 @@ address sent over MPI) with a rank that never calls it: the others fail at torch
     mpirun -n 3 python late_process_group.py BACKEND SCENARIO
 
 SCENARIO "never_mpi": rank 1 sleeps 600 s before anything, so MPI_Init waits for it; the others'
-deadline ends the job at 2 s with the reason on stderr (bootstrap.mpi_init_deadline).
+deadline ends the job with the reason on stderr (bootstrap.mpi_init_deadline; the test sets
+RINGCOMM_MPI_INIT_TIMEOUT=2).
 "no_group": rank 1 starts MPI but never calls init_process_group; the others raise at 2 s in the
 exchange that needs it, and print "rank R: ERRORTYPE: MESSAGE". Before, they waited forever in
 MPI's blocking allgather. (Rank 1 then leaves; mpirun ends the job.)
