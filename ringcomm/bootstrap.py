@@ -156,18 +156,21 @@ def mpi_init_deadline(timeout: Optional[float], call: str = "ringcomm.init"):
         yield
         return
     rank = next((os.environ[v] for v in _RANK_VARIABLES if os.environ.get(v, "").strip()), "?")
-    if Deadline is None:
-        faulthandler.dump_traceback_later(limit, exit=True)
+    deadline = None
+    if Deadline is not None:
         try:
-            yield
-        finally:
-            faulthandler.cancel_dump_traceback_later()
-        return
-    deadline = Deadline(limit, (
-        f"ringcomm: init on rank {rank}: MPI_Init has not returned after {limit:g} s ({source}): "
-        f"it waits for every process of the job, and one never reached it (stuck or stopped before "
-        f"{call}, or never started); ending this process, and with it the job\n").encode())
+            deadline = Deadline(limit, (
+                f"ringcomm: init on rank {rank}: MPI_Init has not returned after {limit:g} s ({source}): "
+                f"it waits for every process of the job, and one never reached it (stuck or stopped before "
+                f"{call}, or never started); ending this process, and with it the job\n").encode())
+        except OSError:   # no thread to be had now (EAGAIN): faulthandler tries its own
+            pass
+    if deadline is None:
+        faulthandler.dump_traceback_later(limit, exit=True)
     try:
         yield
     finally:
-        deadline.cancel()
+        if deadline is None:
+            faulthandler.cancel_dump_traceback_later()
+        else:
+            deadline.cancel()

@@ -2,9 +2,9 @@
 
     mpirun -n N python timeouts.py REPORT.json [--backends ringcomm,mpi,gloo]
 
-On each backend, with timeout=1 s, rank 0 alone calls all_reduce; it must raise
-CommTimeoutError naming the call within a few seconds, and the communicator must then refuse
-further collectives with CommError. Rank 0 writes REPORT.json; the job exits 1 on failure.
+On each backend, with timeout=1 s, rank 0 alone calls all_reduce, then on a second communicator
+split; each must raise CommTimeoutError naming the call within a few seconds, and the
+communicator must then refuse further collectives with CommError. Rank 0 writes REPORT.json; the job exits 1 on failure.
 """
 import argparse
 import json
@@ -45,6 +45,27 @@ def main():
             try:
                 comm.barrier()
                 failures.append(f"{backend}: a timed-out communicator still ran a barrier")
+            except ringcomm.CommError:
+                pass
+        world.Barrier()
+        # split is a collective too: on the reference backends its agreement was MPI's blocking
+        # allgather, where rank 0 alone waited forever
+        comm = ringcomm.init(backend, timeout=1.0)
+        if comm.rank == 0:
+            checks += 1
+            start = time.monotonic()
+            try:
+                comm.split(0)
+                failures.append(f"{backend}: split without peers returned")
+            except ringcomm.CommTimeoutError as err:
+                took = time.monotonic() - start
+                if not (0.9 <= took < 15) or "split #" not in str(err):
+                    failures.append(f"{backend}: split timed out after {took:.2f} s with {err}")
+            except Exception as err:
+                failures.append(f"{backend}: split raised {type(err).__name__}: {err}, not CommTimeoutError")
+            try:
+                comm.dup()
+                failures.append(f"{backend}: a communicator whose split timed out still ran a dup")
             except ringcomm.CommError:
                 pass
         world.Barrier()
