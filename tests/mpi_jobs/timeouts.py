@@ -21,6 +21,28 @@ parser.add_argument("--backends", default="ringcomm,mpi,gloo")
 args = parser.parse_args()
 
 
+def alone(comm, backend: str, name: str, call, after: str, next_call) -> list:
+    """Rank 0 alone runs ``call``: the failures of its timeout, then of ``next_call`` (``after``
+    names it), which the failed communicator must refuse."""
+    failures = []
+    start = time.monotonic()
+    try:
+        call()
+        failures.append(f"{backend}: {name} without peers returned")
+    except ringcomm.CommTimeoutError as err:
+        took = time.monotonic() - start
+        if not (0.9 <= took < 15) or f"{name} #" not in str(err):
+            failures.append(f"{backend}: {name} timed out after {took:.2f} s with {err}")
+    except Exception as err:
+        failures.append(f"{backend}: {name} raised {type(err).__name__}: {err}, not CommTimeoutError")
+    try:
+        next_call()
+        failures.append(f"{backend}: a communicator whose {name} timed out still ran a {after}")
+    except ringcomm.CommError:
+        pass
+    return failures
+
+
 def main():
     from mpi4py import MPI
     world = MPI.COMM_WORLD
@@ -30,44 +52,16 @@ def main():
     for backend in args.backends.split(","):
         comm = ringcomm.init(backend, timeout=1.0)
         if comm.rank == 0:
-            checks += 1
-            start = time.monotonic()
-            try:
-                comm.all_reduce(np.ones(1000, np.float32))
-                failures.append(f"{backend}: all_reduce without peers returned")
-            except ringcomm.CommTimeoutError as err:
-                took = time.monotonic() - start
-                if not (0.9 <= took < 15) or "all_reduce" not in str(err):
-                    failures.append(f"{backend}: timed out after {took:.2f} s with {err}")
-            except Exception as err:
-                failures.append(f"{backend}: raised {type(err).__name__}: {err}, not CommTimeoutError")
-            checks += 1
-            try:
-                comm.barrier()
-                failures.append(f"{backend}: a timed-out communicator still ran a barrier")
-            except ringcomm.CommError:
-                pass
+            checks += 2
+            failures += alone(comm, backend, "all_reduce", lambda: comm.all_reduce(np.ones(1000, np.float32)),
+                              "barrier", comm.barrier)
         world.Barrier()
         # split is a collective too: on the reference backends its agreement was MPI's blocking
         # allgather, where rank 0 alone waited forever
         comm = ringcomm.init(backend, timeout=1.0)
         if comm.rank == 0:
             checks += 1
-            start = time.monotonic()
-            try:
-                comm.split(0)
-                failures.append(f"{backend}: split without peers returned")
-            except ringcomm.CommTimeoutError as err:
-                took = time.monotonic() - start
-                if not (0.9 <= took < 15) or "split #" not in str(err):
-                    failures.append(f"{backend}: split timed out after {took:.2f} s with {err}")
-            except Exception as err:
-                failures.append(f"{backend}: split raised {type(err).__name__}: {err}, not CommTimeoutError")
-            try:
-                comm.dup()
-                failures.append(f"{backend}: a communicator whose split timed out still ran a dup")
-            except ringcomm.CommError:
-                pass
+            failures += alone(comm, backend, "split", lambda: comm.split(0), "dup", comm.dup)
         world.Barrier()
     everyone = world.gather(failures)
     total = world.gather(checks)
