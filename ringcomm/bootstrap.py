@@ -24,8 +24,11 @@ MPI_Init comes before all that, where ``init`` is the one to start MPI: MPICH's 
 waits for every process of the job, holding the GIL, so nothing in Python can watch it, and a
 process that never reached ``init`` held every other one there forever. ``mpi_init_deadline``
 arms a native thread (_deadline.c) that ends the process at the timeout (at least 30 s, or
-RINGCOMM_MPI_INIT_TIMEOUT) with the reason on stderr; the launcher then ends the job. Left
-unbounded: the reference backends' own set-up.
+RINGCOMM_MPI_INIT_TIMEOUT) with the reason on stderr; the launcher then ends the job.
+
+The reference backends' set-up and splits exchange over the communicator they run their
+library's calls on, where tagged messages could meet the library's own: ``allgather_within``
+polls MPI's nonblocking allgathers there instead.
 """
 from __future__ import annotations
 
@@ -33,7 +36,9 @@ import contextlib
 import faulthandler
 import os
 import pickle
-from typing import Any, Optional
+from typing import Any, Callable, Optional
+
+import numpy as np
 
 from . import env
 from .errors import CommTimeoutError, PeerAbortedError
@@ -125,6 +130,32 @@ class Bootstrap:
     def free(self) -> None:
         self.comm.Free()
 
+
+
+def allgather_within(comm, value: Any, timeout: Optional[float], what: str,
+                     aborted: Callable[[], Optional[str]] = lambda: None) -> list:
+    """Every rank's ``value`` (picklable), in rank order, over ``comm`` with MPI's nonblocking
+    allgathers polled under ``timeout``: for the reference backends' set-up and splits, which
+    share ``comm`` with their library's own messages (so no tagged ones, as Bootstrap sends).
+    MPI's blocking allgather there held every rank for one that never came. A nonblocking
+    collective cannot say who is missing: the CommTimeoutError names the exchange (``what``)."""
+    data = np.frombuffer(pickle.dumps(value), np.uint8)
+    sizes = np.empty(comm.Get_size(), np.int64)
+    _polled(comm.Iallgather(np.array([data.size], np.int64), sizes), (data, sizes), comm, timeout, what, aborted)
+    both = np.empty(int(sizes.sum()), np.uint8)
+    _polled(comm.Iallgatherv(data, (both, sizes.tolist())), (data, both), comm, timeout, what, aborted)
+    ends = np.cumsum(sizes)
+    return [pickle.loads(both[end - n:end].tobytes()) for end, n in zip(ends.tolist(), sizes.tolist())]
+
+
+_stranded: list = []   # timed-out collectives' requests and the buffers MPI may still write
+
+
+def _polled(request, buffers, comm, timeout, what: str, aborted) -> None:
+    if not wait_polling(request.Test, timeout, aborted):
+        _stranded.append((request, buffers))   # MPI cannot withdraw a collective
+        raise CommTimeoutError(f"{what} on rank {comm.Get_rank()}: MPI did not complete it within {timeout:g} s; a "
+                               f"peer may not have entered it or may have entered a different collective")
 
 
 # MPI_Init also waits out the processes' start-up (imports, a slow file system), which no

@@ -167,6 +167,15 @@ def test_a_stopped_rank_resumed_after_its_peers_timed_out_raises_and_leaves_thei
     assert "resumed-rank ok" in proc.stdout, proc.stdout + proc.stderr
 
 
+def late_init_outcomes(tmp_path) -> dict:
+    """rank -> (seconds its init took, its outcome), as late_init.py's ranks wrote them."""
+    seen = {}
+    for path in tmp_path.glob("rank*.txt"):
+        rank, took, outcome = re.match(r"rank (\d+) after ([\d.]+) s: (.*)", path.read_text()).groups()
+        seen[int(rank)] = (float(took), outcome)
+    return seen
+
+
 @pytest.mark.parametrize("scenario", ["late", "stopped"])
 def test_a_rank_that_does_not_reach_init_in_time_fails_init_on_the_others(scenario, tmp_path):
     """Rank 1 of 3 calls ringcomm.init 6 s late, or stops 6 s inside it before its first
@@ -174,10 +183,7 @@ def test_a_rank_that_does_not_reach_init_in_time_fails_init_on_the_others(scenar
     1 where it can (bootstrap.py). Before, MPI's blocking Comm_dup and allgather waited for it
     however long it took: forever for a rank that never came."""
     run_mpi(3, "late_init.py", tmp_path, scenario, timeout=120)
-    seen = {}
-    for path in tmp_path.glob("rank*.txt"):
-        rank, took, outcome = re.match(r"rank (\d+) after ([\d.]+) s: (.*)", path.read_text()).groups()
-        seen[int(rank)] = (float(took), outcome)
+    seen = late_init_outcomes(tmp_path)
     assert sorted(seen) == [0, 1, 2], seen
     for rank in (0, 2):
         took, outcome = seen[rank]
@@ -223,6 +229,20 @@ def test_mpi_inits_deadline_is_disarmed_once_mpi_init_returns(tmp_path):
         assert (tmp_path / f"rank{rank}.txt").read_text() == f"rank {rank}: ok 6\n"
 
 
+def test_a_rank_late_to_a_reference_backends_set_up_fails_init_on_the_others(tmp_path):
+    """Rank 1 of 3 stops for 6 s where backend gloo's set-up begins, after init's exchanges. Its
+    rendezvous over MPI was a blocking allgather and bcast: the others waited for it however
+    long it took, forever for a rank that never came. Now each exchange is bounded
+    (bootstrap.allgather_within): the others raise CommTimeoutError at their timeout (2 s)."""
+    run_mpi(3, "late_init.py", tmp_path, "backend", timeout=120)
+    seen = late_init_outcomes(tmp_path)
+    for rank in (0, 2):
+        took, outcome = seen[rank]
+        assert 2.0 <= took < 5.0, (rank, took, outcome)
+        assert outcome.startswith(f"CommTimeoutError: init(backend='gloo'): hosts on rank {rank}: MPI did not "
+                                  "complete it within 2 s"), outcome
+
+
 def test_a_rank_late_to_inits_last_exchange_ends_the_job_instead_of_waiting_alone_in_the_split(tmp_path):
     """Rank 1 of 3 is 6 s late to init's last exchange (settings); the others give up at 2 s. Their
     messages were sent before they did, so rank 1 found the exchange complete and waited forever
@@ -232,10 +252,7 @@ def test_a_rank_late_to_inits_last_exchange_ends_the_job_instead_of_waiting_alon
     started = time.monotonic()
     proc = run_mpi(3, "late_init.py", tmp_path, "last", timeout=120, check=False)
     took = time.monotonic() - started
-    seen = {}
-    for path in tmp_path.glob("rank*.txt"):
-        rank, t, outcome = re.match(r"rank (\d+) after ([\d.]+) s: (.*)", path.read_text()).groups()
-        seen[int(rank)] = (float(t), outcome)
+    seen = late_init_outcomes(tmp_path)
     for rank in (0, 2):
         t, outcome = seen[rank]
         assert 2.0 <= t < 4.0 and "exchange #3 (settings)" in outcome, (rank, t, outcome)

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..bootstrap import allgather_within
 from ..point_to_point import not_passive, with_deadline
 from ..core.ops import DType, ReduceOp
 from ..errors import CommError
@@ -32,18 +33,20 @@ _TORCH = {"float16": torch.float16, "float32": torch.float32, "float64": torch.f
           "int16": torch.int16, "int32": torch.int32, "int64": torch.int64, "uint8": torch.uint8, "bool": torch.bool}
 
 
-def store_address(world) -> str:
+def store_address(world, timeout: float, what: str) -> str:
     """Loopback when every rank runs on this host; else MASTER_ADDR, else rank 0's hostname."""
-    hosts = world.allgather(socket.gethostname())
+    hosts = allgather_within(world, socket.gethostname(), timeout, f"{what}: hosts")
     if len(set(hosts)) == 1:
         return LOOPBACK
     chosen = os.environ.get("MASTER_ADDR") or hosts[0]
-    return world.bcast(chosen if world.Get_rank() == 0 else None)
+    return allgather_within(world, chosen, timeout, f"{what}: rank 0's address")[0]
 
 
 def rendezvous(world, timeout: float, backend: str):
-    """A TCPStore every rank is connected to, set up over MPI. Raises CommError on all ranks."""
-    host, rank, size = store_address(world), world.Get_rank(), world.Get_size()
+    """A TCPStore every rank is connected to, set up over MPI, each exchange bounded by
+    ``timeout`` (bootstrap.allgather_within). Raises CommError on all ranks."""
+    what = f"init(backend={backend!r})"
+    host, rank, size = store_address(world, timeout, what), world.Get_rank(), world.Get_size()
     delta = datetime.timedelta(seconds=timeout)
     store, port, error = None, None, None
     if rank == 0:
@@ -52,13 +55,13 @@ def rendezvous(world, timeout: float, backend: str):
             port = store.port
         except Exception as err:  # every rank must learn of it, or the others would wait forever
             error = f"rank 0 could not open a TCPStore on {host}: {err}"
-    port, error = world.bcast((port, error))
+    port, error = allgather_within(world, (port, error), timeout, f"{what}: rank 0's store")[0]
     if error is None and rank != 0:
         try:
             store = dist.TCPStore(host, port, size, False, timeout=delta)
         except Exception as err:
             error = f"rank {rank} could not reach the TCPStore at {host}:{port}: {err}"
-    errors = [e for e in world.allgather(error) if e]
+    errors = [e for e in allgather_within(world, error, timeout, f"{what}: connections to the store") if e]
     if errors:
         raise CommError(f"init(backend={backend!r}): rendezvous failed: {'; '.join(errors)}")
     return store, host

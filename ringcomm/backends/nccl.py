@@ -13,6 +13,7 @@ import datetime
 
 import torch
 
+from ..bootstrap import allgather_within
 from ..errors import CommError, CommTimeoutError, UsageError
 from ..transport.polling import wait_polling
 from . import c10d
@@ -36,7 +37,7 @@ class NCCLCommunicator(c10d.C10dBackend):
     devices = ("cpu", "cuda")
 
     def __init__(self, world, topology, *, timeout, context=(), store=None):
-        reasons = world.allgather(unavailable_reason())
+        reasons = allgather_within(world, unavailable_reason(), timeout, "init(backend='nccl'): whether NCCL can run")
         by_reason: dict = {}
         for r, why in enumerate(reasons):
             if why:

@@ -13,10 +13,10 @@ from typing import Optional
 
 import numpy as np
 
+from ..bootstrap import allgather_within
 from ..communicator import Communicator
 from ..errors import CommError, CommTimeoutError, UsageError, bad_type, bad_value
 from ..transport.mpi import MPITransport
-from ..transport.polling import wait_polling
 
 
 class ReferenceCommunicator(Communicator):
@@ -79,19 +79,11 @@ class ReferenceCommunicator(Communicator):
         The agreement is MPI's nonblocking allgather polled under the deadline: with the blocking
         one, a rank that never called split held every other one there forever. Once it is done
         every rank has entered the call, so the MPI_Comm_split after it waits for nobody absent."""
-        mine = np.array([-1 if color is None else color, key], np.int64)   # split() bounds both to C ints
-        table = np.empty((self.size, 2), np.int64)
-        request = self.world.Iallgather(mine, table)
-        try:
-            wait_library(request.Test, self.timeout, self.transport.aborted_reason,
-                         f"{what} #{seq} ({self.backend}) on rank {self.rank}", "MPI")
-        except CommTimeoutError:
-            _stranded.append((request, mine, table))   # MPI cannot withdraw a collective: it may still write
-            raise
+        table = allgather_within(self.world, (color, key), self.timeout, f"{what} #{seq} ({self.backend})",
+                                 self.transport.aborted_reason)
         members = None
         if color is not None:
-            members = sorted((r for r in range(self.size) if table[r, 0] == color),
-                             key=lambda r: (int(table[r, 1]), r))
+            members = sorted((r for r in range(self.size) if table[r][0] == color), key=lambda r: (table[r][1], r))
         self._splits += 1
         path = self.context + ((self._splits, color),)
         from mpi4py import MPI
@@ -106,16 +98,6 @@ class ReferenceCommunicator(Communicator):
     def _sub_topology(self, members):
         from ..topology import Topology
         return Topology.from_names(members.index(self.rank), [self.topology.node_of[r] for r in members])
-
-
-_stranded: list = []   # timed-out requests of splits and the buffers MPI may still write
-
-
-def wait_library(test, timeout: Optional[float], aborted, what: str, library: str) -> None:
-    """Poll a library request until done; CommTimeoutError naming the call at the deadline."""
-    if not wait_polling(test, timeout, aborted):
-        raise CommTimeoutError(f"{what}: {library} did not complete it within {timeout:g} s; a peer may "
-                               f"not have entered it or may have entered a different collective")
 
 
 def comm_error(what: str, library: str, err: BaseException) -> CommError:

@@ -5,7 +5,9 @@
 SCENARIO "late": rank 1 calls ``ringcomm.init`` 6 s after the others, who call ``init(timeout=2)``.
 "stopped": rank 1 enters init with the others but stops for 6 s before its first exchange
 (bootstrap.Bootstrap.allgather); "last": before its last one (settings), after which it finds the
-others' messages there and goes on alone into the node split (its watchdog ends the job). Each rank writes "rank R after T s: OUTCOME" to
+others' messages there and goes on alone into the node split (its watchdog ends the job);
+"backend": rank 1 stops for 6 s where backend gloo's set-up begins (c10d.rendezvous), after all
+of init's exchanges. Each rank writes "rank R after T s: OUTCOME" to
 OUT_DIR/rank<R>.txt, T counted from its call of init. Before bootstrap.py both cases waited for
 rank 1 however long it took (MPI's blocking Comm_dup and allgather), and forever for a rank
 that never came.
@@ -24,7 +26,18 @@ from ringcomm import bootstrap
 
 out_dir, scenario = sys.argv[1:3]
 rank = MPI.COMM_WORLD.Get_rank()
-if rank == 1:
+backend = None
+if scenario == "backend":
+    # Rank 1 stops for 6 s where the gloo backend's set-up begins, after every exchange of init.
+    from ringcomm.backends import c10d
+    backend, rendezvous = "gloo", c10d.rendezvous
+
+    def late_rendezvous(world, timeout, name):
+        if rank == 1:
+            time.sleep(6)
+        return rendezvous(world, timeout, name)
+    c10d.rendezvous = late_rendezvous
+elif rank == 1:
     if scenario == "late":
         time.sleep(6)
     else:
@@ -38,7 +51,7 @@ if rank == 1:
         bootstrap.Bootstrap.allgather = stalled
 started = time.monotonic()
 try:
-    comm = ringcomm.init(timeout=2)
+    comm = ringcomm.init(backend, timeout=2)
     outcome = "ok"
 except ringcomm.CommError as err:
     outcome = f"{type(err).__name__}: {err}"
