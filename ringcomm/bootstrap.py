@@ -131,7 +131,6 @@ class Bootstrap:
         self.comm.Free()
 
 
-
 def allgather_within(comm, value: Any, timeout: Optional[float], what: str,
                      aborted: Callable[[], Optional[str]] = lambda: None) -> list:
     """Every rank's ``value`` (picklable), in rank order, over ``comm`` with MPI's nonblocking
@@ -140,8 +139,8 @@ def allgather_within(comm, value: Any, timeout: Optional[float], what: str,
     MPI's blocking allgather there held every rank for one that never came. A nonblocking
     collective cannot say who is missing: the CommTimeoutError names the exchange (``what``)."""
     data = np.frombuffer(pickle.dumps(value), np.uint8)
-    sizes = np.empty(comm.Get_size(), np.int64)
-    _polled(comm.Iallgather(np.array([data.size], np.int64), sizes), (data, sizes), comm, timeout, what, aborted)
+    count, sizes = np.array([data.size], np.int64), np.empty(comm.Get_size(), np.int64)
+    _polled(comm.Iallgather(count, sizes), (count, sizes), comm, timeout, what, aborted)
     both = np.empty(int(sizes.sum()), np.uint8)
     _polled(comm.Iallgatherv(data, (both, sizes.tolist())), (data, both), comm, timeout, what, aborted)
     ends = np.cumsum(sizes)
