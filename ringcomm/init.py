@@ -18,8 +18,10 @@ from __future__ import annotations
 import logging
 import math
 import os
+import functools
 import socket
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
@@ -30,6 +32,41 @@ from .errors import UsageError, bad_type, bad_value
 from .transport import polling
 
 
+# ---- one init at a time -----------------------------------------------------------------------
+_initialising = threading.Lock()   # guards _init_thread
+_init_thread: Optional[threading.Thread] = None
+
+
+def _one_at_a_time(call):
+    """Refuse an init while another thread of this process is in one. Ranks pair their inits in
+    the order they call them (each duplicates the job's communicator), so inits from two threads
+    at once would pair differently on different ranks, and two threads would drive MPI_Init or
+    MPI_COMM_WORLD together. The same thread may nest (init under torchrun calls init_from_store)."""
+    @functools.wraps(call)
+    def guarded(*args, **kwargs):
+        global _init_thread
+        me = threading.current_thread()
+        with _initialising:
+            if _init_thread is me:
+                nested = True
+            elif _init_thread is not None:
+                raise UsageError(f"{call.__name__}: called from thread {me.name!r} while thread "
+                                 f"{_init_thread.name!r} of this process is still in ringcomm.init. "
+                                 f"Ranks pair their inits in the order they call them, so inits "
+                                 f"from two threads at once would pair differently on different "
+                                 f"ranks; call init from one thread, and give other threads comm.dup()")
+            else:
+                nested, _init_thread = False, me
+        try:
+            return call(*args, **kwargs)
+        finally:
+            if not nested:
+                with _initialising:
+                    _init_thread = None
+    return guarded
+
+
+@_one_at_a_time
 def init(backend: Optional[str] = None, *, timeout: Optional[float] = None) -> Communicator:
     """Join the job launched by ``mpirun -n N`` and return its Communicator.
 
@@ -74,6 +111,7 @@ def init(backend: Optional[str] = None, *, timeout: Optional[float] = None) -> C
         raise
 
 
+@_one_at_a_time
 def init_from_store(store, rank: int, size: int, *, timeout: Optional[float] = None) -> Communicator:
     """A Communicator for a job with no MPI, whose ``size`` ranks all reach ``store`` (a
     torch.distributed Store: torchrun's, or the one torch hands a process group). Collective
@@ -181,12 +219,16 @@ def start_mpi(timeout: Optional[float] = None, call: str = "ringcomm.init"):
     """
     import mpi4py
     from .bootstrap import mpi_init_deadline
-    with mpi_init_deadline(timeout, call):
-        if "mpi4py.MPI" not in sys.modules:
-            mpi4py.rc.thread_level = "multiple"
-        from mpi4py import MPI
-        if not MPI.Is_initialized():
-            MPI.Init_thread(MPI.THREAD_MULTIPLE)
+    started = sys.modules.get("mpi4py.MPI")
+    if started is not None and started.Is_initialized():
+        MPI = started   # the program started MPI itself: nothing here can wait on the others
+    else:
+        with mpi_init_deadline(timeout, call):
+            if started is None:
+                mpi4py.rc.thread_level = "multiple"
+            from mpi4py import MPI
+            if not MPI.Is_initialized():
+                MPI.Init_thread(MPI.THREAD_MULTIPLE)
     if MPI.Query_thread() < MPI.THREAD_SERIALIZED:
         names = {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled"}
         raise UsageError(f"init: MPI was initialised with thread level "

@@ -76,3 +76,20 @@ def test_mpi_init_waits_the_init_timeout_but_at_least_the_floor_unless_the_varia
     monkeypatch.setenv("RINGCOMM_MPI_INIT_TIMEOUT", "soon")
     with pytest.raises(UsageError, match="RINGCOMM_MPI_INIT_TIMEOUT='soon'"):
         bootstrap.mpi_init_limit(2.0)
+
+
+STARTED = """
+from mpi4py import MPI   # the program starts MPI itself, before ringcomm
+from ringcomm import bootstrap
+from ringcomm.init import start_mpi
+def armed(*args):
+    raise AssertionError("a deadline was armed around an MPI that had already started")
+bootstrap.mpi_init_deadline = armed
+print(start_mpi(2.0) is MPI, flush=True)
+"""
+
+
+def test_no_deadline_is_armed_when_the_program_had_started_mpi_itself():
+    proc = subprocess.run([sys.executable, "-c", STARTED], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "RINGCOMM_MPI_INIT_TIMEOUT": "soon"})
+    assert proc.returncode == 0 and proc.stdout == "True\n", (proc.stdout, proc.stderr)

@@ -1,12 +1,16 @@
 """ringcomm.init() and other launchers' variables: garbage is named, a silent world of one is refused."""
+import importlib
 import os
 import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
+
+import ringcomm
 
 from mpi_util import ROOT, run_mpi
 from ringcomm import UsageError
@@ -77,6 +81,41 @@ def test_init_refuses_a_torchrun_environment_without_mpi():
     proc = _python(INIT, RANK="1", WORLD_SIZE="2", LOCAL_RANK="1", LOCAL_WORLD_SIZE="2")
     assert proc.returncode != 0 and "size" not in proc.stdout, proc.stdout
     assert "UsageError: init: MPI started this process alone" in proc.stderr, proc.stderr
+
+
+class Held(Exception):
+    pass
+
+
+def test_an_init_while_another_thread_is_in_init_is_refused_before_any_message(monkeypatch):
+    """Inits pair across ranks in call order, so two at once from one process could pair crosswise."""
+    module = importlib.import_module("ringcomm.init")
+    inside, release = threading.Event(), threading.Event()
+
+    def start_mpi(*args, **kwargs):   # where init would start MPI: hold the first caller there
+        inside.set()
+        release.wait(30)
+        raise Held()
+
+    monkeypatch.setattr(module, "start_mpi", start_mpi)
+    outcome = []
+    first = threading.Thread(target=lambda: outcome.append(pytest.raises(Held, ringcomm.init)), name="first")
+    first.start()
+    assert inside.wait(30)
+    try:
+        with pytest.raises(UsageError, match="init: called from thread 'MainThread' while thread 'first' of this "
+                                             "process is still in ringcomm.init"):
+            ringcomm.init()
+        with pytest.raises(UsageError, match="init_from_store: called from thread 'MainThread'"):
+            ringcomm.init_from_store(None, 0, 1)
+    finally:
+        release.set()
+        first.join(30)
+    assert outcome and not first.is_alive()
+    release.clear()
+    with pytest.raises(Held):   # the first one over, the next init goes ahead
+        threading.Timer(0.1, release.set).start()
+        ringcomm.init()
 
 
 def test_a_world_of_one_says_so_at_debug_info():
