@@ -6,7 +6,7 @@ _hugepages.prefer_for_torch()   # before torch's first allocation, which reads i
 from . import algorithms, collectives
 from .communicator import Communicator
 from .core.ops import ReduceOp, premul_sum
-from .errors import (ArgumentTypeError, CommError, CommTimeoutError, MismatchError, NonFiniteError, PeerAbortedError,
+from .errors import (ArgumentTypeError, CommError, CommTimeoutError, CommunicatorLimitError, MismatchError, NonFiniteError, PeerAbortedError,
                      RingcommError, UsageError)
 from .init import init, init_from_store
 from .memory import empty
@@ -18,7 +18,7 @@ _install_torch_backend()   # torch.distributed's backend "ringcomm", once torch 
 __all__ = [
     "init", "init_from_store", "init_process_group", "empty", "Communicator", "ReduceOp", "premul_sum", "Work", "algorithms", "collectives",
     "RingcommError", "UsageError", "ArgumentTypeError", "CommError", "CommTimeoutError",
-    "MismatchError", "NonFiniteError", "PeerAbortedError",
+    "MismatchError", "NonFiniteError", "PeerAbortedError", "CommunicatorLimitError",
 ]
 __version__ = "0.2.0"
 

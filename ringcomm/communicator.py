@@ -29,7 +29,7 @@ from .core.schedule import DEFAULT_SEGMENT_BYTES, DEVICE_SEGMENT_BYTES
 from .core.streams import scope_for
 from .diagnostics import preflight
 from .diagnostics.flight_recorder import FlightRecorder
-from .errors import CommError, CommTimeoutError, PeerAbortedError, UsageError, bad_type, bad_value
+from .errors import CommError, CommTimeoutError, CommunicatorLimitError, PeerAbortedError, UsageError, bad_type, bad_value
 from .persistent import _SLOW, NO_LAST, FastCalls, Persistent, PreparedP2P
 from .point_to_point import PointToPoint
 from .selection.selector import Selector
@@ -530,6 +530,9 @@ class Communicator(PointToPoint, SubCommunicators):
             err = self._with_reason(err, f"{call.name} #{seq} on rank {self.rank}")
             self._fail(err, call)
             raise err
+        except CommunicatorLimitError:   # refused alike on every rank: nothing out of step
+            entry.state = "failed: CommunicatorLimitError"
+            raise
         except CommError as err:
             entry.state = f"failed: {type(err).__name__}"
             self._fail(err, call)

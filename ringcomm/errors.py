@@ -37,6 +37,11 @@ class PeerAbortedError(CommError):
     """Another rank failed or aborted the job; this rank was released instead of hanging."""
 
 
+class CommunicatorLimitError(CommError):
+    """MPI would make no more communicators (split, dup): every member got the same refusal, so
+    the communicator that was split stays usable; close sub-communicators to free some."""
+
+
 def bad_value(collective: str, argument: str, expected: str, got) -> UsageError:
     return UsageError(
         f'{collective} got unexpected value for argument "{argument}" (expected {expected}, got {got!r})'

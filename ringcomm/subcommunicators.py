@@ -26,7 +26,7 @@ from .collectives import Call
 from .core import executor
 from .core.envelope import Envelope, register_collective
 from .core.schedule import Shape
-from .errors import MismatchError, bad_type, bad_value
+from .errors import CommunicatorLimitError, MismatchError, bad_type, bad_value
 from .transport.base import WindowSlot
 
 if TYPE_CHECKING:
@@ -69,7 +69,10 @@ class SubCommunicators:
         members = groups.get(color) if color is not None else None
         path = self.context + ((self._splits, color),)
         slot = None if members is None else _agreed_slot(rows[members, 2], rows[members, 3])
-        transport = self.transport.split(members, color, key, _context_id(path), slot)
+        try:
+            transport = self.transport.split(members, color, key, _context_id(path), slot)
+        except CommunicatorLimitError as err:   # MPI's refusal to make one more (transport/mpi.py)
+            raise CommunicatorLimitError(f"{what} #{seq} on rank {self.rank}: {err}") from err
         if members is None:
             return None
         nodes = None if self.topology is None else tuple(self.topology.node_of[r] for r in members)

@@ -257,3 +257,14 @@ def test_window_slots_of_closed_sub_communicators_serve_new_ones_with_their_own_
     it open (mpi_jobs/reused_window_slots.py)."""
     proc = run_mpi(ranks, "reused_window_slots.py", timeout=120)
     assert "reused-window-slots ok" in proc.stdout, proc.stdout + proc.stderr
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("backend, mode, rounds", [
+    ("ringcomm", "closed", 2100), ("mpi", "closed", 2100), ("gloo", "closed", 40),
+    ("ringcomm", "open", 2100), ("mpi", "open", 2100)])
+def test_closed_sub_communicators_give_mpis_communicators_back_and_running_out_says_so(backend, mode, rounds):
+    """Before round thirty-seven the 2,045th dup died of a raw mpi4py exception, closed or not,
+    and a closed gloo dup kept five descriptors (mpi_jobs/many_dups.py)."""
+    proc = run_mpi(2, "many_dups.py", backend, mode, rounds, timeout=180)
+    assert "many-dups ok" in proc.stdout, proc.stdout + proc.stderr

@@ -64,6 +64,14 @@ class GlooCommunicator(FramedPointToPoint, c10d.C10dBackend):
             pass   # a failed peer: nothing left to wait for
         self.pg = self._store = None
 
+    def close(self) -> None:
+        """A sub-communicator's gloo group goes with it (its sockets and threads), without the
+        exit's barrier: the world's store, which its peers may still use, is not its own."""
+        super().close()
+        if self.context and self.pg is not None:
+            atexit.unregister(self._release)
+            self.pg = self._store = None
+
     def _check_supported(self, call) -> None:
         if call.dtype is not None and call.dtype.name == "int16":
             raise UsageError(f"{call.name}: backend 'gloo' does not support dtype int16 (torch's gloo refuses "
@@ -80,8 +88,6 @@ class GlooCommunicator(FramedPointToPoint, c10d.C10dBackend):
             raise comm_error(f"{what} on rank {self.rank}", "gloo", err) from err
 
     def _sub_backend(self, sub_world, members, path):
-        if members is None:
-            return None
         store = dist.PrefixStore(f"ringcomm-split-{path!r}", self._store)
         return GlooCommunicator(sub_world, self._sub_topology(members), timeout=self.timeout, context=path,
                                 store=store, host=self._host)

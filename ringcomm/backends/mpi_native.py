@@ -102,6 +102,4 @@ class MPINativeCommunicator(ReferenceCommunicator):
         return with_deadline(test, self.timeout, work), req.Cancel, not_passive
 
     def _sub_backend(self, sub_world, members, path):
-        if members is None:
-            return None
         return MPINativeCommunicator(sub_world, self._sub_topology(members), timeout=self.timeout, context=path)

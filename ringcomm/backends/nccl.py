@@ -95,8 +95,6 @@ class NCCLCommunicator(c10d.C10dBackend):
         torch.cuda.current_stream(self.device).synchronize()
 
     def _sub_backend(self, sub_world, members, path):
-        if members is None:
-            return None
         import torch.distributed as dist
         store = dist.PrefixStore(f"ringcomm-split-{path!r}", self._store)
         return NCCLCommunicator(sub_world, self._sub_topology(members), timeout=self.timeout, context=path,

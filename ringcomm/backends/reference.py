@@ -16,7 +16,7 @@ import numpy as np
 from ..bootstrap import allgather_within
 from ..communicator import Communicator
 from ..errors import CommError, CommTimeoutError, UsageError, bad_type, bad_value
-from ..transport.mpi import MPITransport
+from ..transport.mpi import MPITransport, free_communicator, new_communicator
 
 
 class ReferenceCommunicator(Communicator):
@@ -30,7 +30,8 @@ class ReferenceCommunicator(Communicator):
     library = "the library"   # named in error messages
 
     def __init__(self, world, topology, *, timeout: Optional[float], context: tuple = ()):
-        super().__init__(MPITransport(world), timeout=timeout, local_rank=topology.local_rank,
+        # A sub-communicator's world was split for it: its close() gives it back to MPI.
+        super().__init__(MPITransport(world, owned=bool(context)), timeout=timeout, local_rank=topology.local_rank,
                          local_size=topology.local_size, node_count=topology.node_count,
                          topology=topology, context=context)
         self.world = world
@@ -87,9 +88,16 @@ class ReferenceCommunicator(Communicator):
         self._splits += 1
         path = self.context + ((self._splits, color),)
         from mpi4py import MPI
-        sub_world = self.world.Split(MPI.UNDEFINED if color is None else color,
-                                     0 if members is None else members.index(self.rank))
-        sub = self._sub_backend(sub_world, members, path)
+        sub_world = new_communicator(lambda: self.world.Split(MPI.UNDEFINED if color is None else color,
+                                                              0 if members is None else members.index(self.rank)),
+                                     f"{what} #{seq} on rank {self.rank}")
+        if members is None:
+            return None
+        try:
+            sub = self._sub_backend(sub_world, members, path)
+        except BaseException:
+            free_communicator(sub_world)
+            raise
         return sub
 
     def _sub_backend(self, sub_world, members, path):

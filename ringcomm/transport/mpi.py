@@ -14,11 +14,39 @@ from typing import Optional
 
 import numpy as np
 
-from ..errors import MismatchError, UsageError
+from ..errors import CommunicatorLimitError, MismatchError, UsageError
 from .base import Request, Transport
 from .polling import wait_polling
 
-__all__ = ["MPIRequest", "MPIRecvRequest", "MPITransport", "wait_polling"]
+__all__ = ["MPIRequest", "MPIRecvRequest", "MPITransport", "new_communicator", "wait_polling"]
+
+
+def new_communicator(make, what: str = ""):
+    """``make()``, an MPI call that returns a new communicator, with MPI's refusal as a
+    CommunicatorLimitError that says what to do: MPI holds a context id for every communicator until it is freed (MPICH
+    has 2,048 per process), and a sub-communicator frees its own at close(). MPI refuses on
+    every member alike (the members agree on the id), so no rank waits for one that failed.
+    ``what``: the call, for the error."""
+    from mpi4py import MPI
+    prefix = f"{what}: " if what else ""
+    try:
+        return make()
+    except MPI.Exception as err:
+        said = str(err).strip().splitlines()   # MPICH: an error stack, the reason last
+        raise CommunicatorLimitError(f"{prefix}MPI could not make another communicator ({said[-1].strip() if said else err}): "
+                        f"every split or dup holds one of MPI's until its close(); close the "
+                        f"communicators you no longer use") from err
+
+
+def free_communicator(comm) -> None:
+    """MPI_Comm_free of a communicator this library made; messages still in flight on it
+    complete first, as MPI defines."""
+    from mpi4py import MPI
+    if comm != MPI.COMM_NULL:
+        try:
+            comm.Free()
+        except MPI.Exception:
+            pass   # already failed or finalized: nothing left to give back
 
 
 class MPIRequest(Request):
@@ -69,9 +97,11 @@ class MPIRecvRequest(MPIRequest):
 class MPITransport(Transport):
     name = "mpi"
 
-    def __init__(self, comm):
+    def __init__(self, comm, owned: bool = False):
+        """``owned``: ``comm`` was made for this transport (a split's), freed when it leaves."""
         from mpi4py import MPI
         self.comm = comm
+        self._owned = owned
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self._aborted: Optional[str] = None
         self._byte = self.byte = MPI.BYTE
@@ -105,14 +135,27 @@ class MPITransport(Transport):
         cannot carry a context id, an MPI communicator is one."""
         from mpi4py import MPI
         position = members.index(self.rank) if members is not None else 0
-        sub = self.comm.Split(MPI.UNDEFINED if members is None else color, position)
-        return None if members is None else MPITransport(sub)
+        sub = new_communicator(lambda: self.comm.Split(MPI.UNDEFINED if members is None else color, position))
+        return None if members is None else MPITransport(sub, owned=True)
 
     def group(self, members, context):
         """MPI_Comm_create_group: collective over ``members`` only; ``context`` (the same on every
         member) is its tag, so that groups created at once from other threads do not cross."""
-        sub = self.comm.Create_group(self.comm.Get_group().Incl(list(members)), tag=context % 32749)
-        return MPITransport(sub)
+        whole = self.comm.Get_group()
+        chosen = whole.Incl(list(members))
+        try:
+            sub = new_communicator(lambda: self.comm.Create_group(chosen, tag=context % 32749))
+        finally:
+            chosen.Free()
+            whole.Free()
+        return MPITransport(sub, owned=True)
+
+    def leave(self) -> None:
+        """A sub-communicator's: its MPI communicator goes back to MPI (a split's own, never
+        the job's)."""
+        if self._owned:
+            self._owned = False
+            free_communicator(self.comm)
 
     def aborted_reason(self) -> Optional[str]:
         return self._aborted

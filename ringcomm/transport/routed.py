@@ -28,6 +28,7 @@ import numpy as np
 from ..errors import UsageError
 from .base import Request, Transport
 from .devices import is_device_array
+from .mpi import free_communicator, new_communicator
 
 
 class DeviceSeed(NamedTuple):
@@ -53,6 +54,7 @@ class RoutedTransport(Transport):
         if seed is None and node is not None:
             seed = DeviceSeed(node.comm, node.ranks, node.setup_timeout)
         self.seed = seed
+        self._own_seed = False   # the seed's MPI communicator was split for this transport
         self.local = node   # the transport of this node's peers (a view of it, in a sub-communicator)
         self._device = None
         # Host arrays only (the communicator checks): the node's window spans the whole job only
@@ -187,7 +189,12 @@ class RoutedTransport(Transport):
             return None if members is None else RoutedTransport(0, 1, {}, [])
         local, remote = self.local, self._remote()
         split_remote = None if remote is None else remote.split(members, color, key, context, slot)
-        seed = self._split_seed(members, color)
+        try:
+            seed = self._split_seed(members, color)
+        except BaseException:
+            if split_remote is not None:
+                split_remote.leave()
+            raise
         if members is None:
             return None
         me = members.index(self.rank)
@@ -197,6 +204,7 @@ class RoutedTransport(Transport):
                   for i, m in enumerate(members) if i != me}
         sub = RoutedTransport(me, len(members), routes, [t for t in (split_local, split_remote) if t is not None],
                               seed=seed)
+        sub._own_seed = seed is not None
         sub.local = split_local
         everyone_here = split_local is not None and all(t is split_local for t in routes.values())
         sub.window = split_local.window if everyone_here else None
@@ -210,12 +218,12 @@ class RoutedTransport(Transport):
         from mpi4py import MPI
         inside = members is not None and len(members) > 1
         position = members.index(self.rank) if inside else 0
-        sub_comm = self.seed.comm.Split(color if inside else MPI.UNDEFINED, position)
+        sub_comm = new_communicator(lambda: self.seed.comm.Split(color if inside else MPI.UNDEFINED, position))
         if not inside:
             return None
         ranks = [i for i, m in enumerate(members) if m in self.seed.ranks]
         if len(ranks) < 2:
-            sub_comm.Free()
+            free_communicator(sub_comm)
             return None
         return DeviceSeed(sub_comm, ranks, self.seed.timeout)
 
@@ -269,6 +277,9 @@ class RoutedTransport(Transport):
     def leave(self) -> None:
         for t in self.transports:
             t.leave()
+        if self._own_seed:   # a split's: its MPI communicator goes back to MPI (after CUDA IPC closed)
+            self._own_seed = False
+            free_communicator(self.seed.comm)
 
     def close(self) -> None:
         for t in self.transports + ([self._device] if self._device else []):
