@@ -42,6 +42,7 @@ import numpy as np
 
 from . import env
 from .errors import CommTimeoutError, PeerAbortedError
+from .transport.mpi import new_communicator
 from .transport.polling import wait_polling
 
 try:
@@ -66,8 +67,12 @@ class Bootstrap:
         self.call = call
         self.size = world.Get_size()
         self.count = 0   # exchanges so far: each has a tag of its own
-        comm, request = world.Idup()
-        if not wait_polling(request.Test, timeout):
+        def duplicate():   # MPI's refusal of one more communicator raises from the request's test
+            made, request = world.Idup()
+            return made, wait_polling(request.Test, timeout)
+
+        comm, done = new_communicator(duplicate, f"init on rank {world.Get_rank()}")
+        if not done:
             # The request stays posted (MPI cannot withdraw a collective), and so does the
             # communicator it would have made: a failed init leaks one.
             raise CommTimeoutError(

@@ -33,7 +33,7 @@ from .errors import CommError, CommTimeoutError, CommunicatorLimitError, PeerAbo
 from .persistent import _SLOW, NO_LAST, FastCalls, Persistent, PreparedP2P
 from .point_to_point import PointToPoint
 from .selection.selector import Selector
-from .subcommunicators import _DUP, _SPLIT, SubCommunicators
+from .subcommunicators import _DUP, _SPLIT, Holders, SubCommunicators
 from .transport.base import Transport
 from .transport.devices import cupy_installed
 from .work import Work
@@ -77,6 +77,8 @@ class Communicator(PointToPoint, SubCommunicators):
         self._seq_p2p = 0
         self._unmatched: list = []         # receives matched in posting order, not yet matched (point_to_point.py)
         self._splits = 0
+        self.holders = Holders()   # a sub-communicator takes its parent's (_sub)
+        self._holding = True       # until close() gives up this communicator's hold
         self._broken: Optional[BaseException] = None
         self._closed = False
         self._notices: list = []           # abort notices in flight; kept so they are not freed early
@@ -204,11 +206,14 @@ class Communicator(PointToPoint, SubCommunicators):
         return self._submit(call, lambda seq: self._split(seq, 0, self.rank, "dup"), async_op=False)
 
     def _sub(self, transport, topology, path) -> "Communicator":
-        return Communicator(transport, timeout=self.timeout, selector=self.selector,
-                            local_rank=None if topology is None else topology.local_rank,
-                            local_size=None if topology is None else topology.local_size,
-                            node_count=1 if topology is None else topology.node_count,
-                            topology=topology, context=path)
+        sub = Communicator(transport, timeout=self.timeout, selector=self.selector,
+                           local_rank=None if topology is None else topology.local_rank,
+                           local_size=None if topology is None else topology.local_size,
+                           node_count=1 if topology is None else topology.node_count,
+                           topology=topology, context=path)
+        sub.holders = self.holders   # a view of this one's transports: they outlive it
+        self.holders.join()
+        return sub
 
     # ---- lifecycle --------------------------------------------------------------------------------
     def abort(self, reason: str = "aborted by the user") -> None:
@@ -230,6 +235,10 @@ class Communicator(PointToPoint, SubCommunicators):
         leave = getattr(self.transport, "leave", None)
         if self.context and leave is not None:   # a sub-communicator: what it never received must not hold shared rings
             leave()
+        with self.engine.state:
+            held, self._holding = self._holding, False
+        if held:
+            self.holders.leave()
 
     def _allow_thread(self, thread: threading.Thread, allow: bool = True) -> None:
         """Let ``thread`` call on behalf of whichever thread has calls in flight (integrations

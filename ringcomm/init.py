@@ -30,6 +30,7 @@ from .backends import NAMES, communicator_class
 from .communicator import DEFAULT_TIMEOUT, Communicator
 from .errors import UsageError, bad_type, bad_value
 from .transport import polling
+from .transport.mpi import free_communicator
 
 
 # ---- one init at a time -----------------------------------------------------------------------
@@ -98,11 +99,18 @@ def init(backend: Optional[str] = None, *, timeout: Optional[float] = None) -> C
         polling.set_ranks_here(ranks_here)
         world = boot.comm
         if backend != "ringcomm":
-            return communicator_class(backend)(world, topology, timeout=timeout)
+            comm = communicator_class(backend)(world, topology, timeout=timeout)
+            if backend == "mpi":   # gloo's and NCCL's exit barrier still runs over it (backends/gloo.py)
+                comm.holders.on_release(functools.partial(free_communicator, world))
+            return comm
         from .transport import factory
-        comm = Communicator(factory.build(world, topology, timeout, hosts=hosts), timeout=timeout,
+        transport = factory.build(world, topology, timeout, hosts=hosts)
+        comm = Communicator(transport, timeout=timeout,
                             local_rank=topology.local_rank, local_size=topology.local_size,
                             node_count=topology.node_count, topology=topology)
+        node = getattr(transport, "node", None)   # the node's shm transport, over an MPI split of world
+        comm.holders.on_release(transport.close, *(functools.partial(free_communicator, c)
+                                                   for c in ([node.comm] if node is not None else []) + [world]))
         agreed.apply(comm.selector)
         _direct_reads_from(comm, comm.selector.tuning)
         return comm
@@ -139,6 +147,7 @@ def init_from_store(store, rank: int, size: int, *, timeout: Optional[float] = N
     comm = Communicator(transport, timeout=timeout, local_rank=topology.local_rank, local_size=topology.local_size,
                         node_count=topology.node_count, topology=topology)
     comm._store = store   # the node's later handshakes (allocate) still meet in it
+    comm.holders.on_release(transport.close)
     agreed.apply(comm.selector)
     _direct_reads_from(comm, comm.selector.tuning)
     return comm

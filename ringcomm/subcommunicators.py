@@ -11,12 +11,14 @@ created in /dev/shm. The context id hashes the split's path from the world, so e
 computes the same one without asking.
 
 ``SubCommunicators`` is a mixin of Communicator (communicator.py keeps ``split``, ``dup`` and
-``_sub``, which makes the new Communicator).
+``_sub``, which makes the new Communicator). ``Holders`` keeps what an init made (the node's
+transport, its MPI communicators) until the world and every sub-communicator sharing it closed.
 """
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import threading
 from typing import TYPE_CHECKING, Optional
 
 import numpy as np
@@ -31,6 +33,32 @@ from .transport.base import WindowSlot
 
 if TYPE_CHECKING:
     from .communicator import Communicator
+
+class Holders:
+    """The world communicator and its live sub-communicators, which share the world's transports:
+    when the last of them closes, ``on_release``'s calls free what init made for them (the
+    transports' memory, MPI's communicators: a process has a few thousand, and a loop of
+    init and close ran out after about a thousand)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._count = 1   # the world's hold
+        self._release: list = []
+
+    def on_release(self, *calls) -> None:
+        self._release.extend(calls)
+
+    def join(self) -> None:
+        with self._lock:
+            self._count += 1
+
+    def leave(self) -> None:
+        with self._lock:
+            self._count -= 1
+            calls, self._release = (self._release, []) if self._count == 0 else ([], self._release)
+        for call in calls:
+            call()
+
 
 SPLIT_CODE = 11    # the envelope code of comm.split()'s exchange
 register_collective(SPLIT_CODE, "split or dup")   # dup is a split: the two meet

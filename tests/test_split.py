@@ -268,3 +268,12 @@ def test_closed_sub_communicators_give_mpis_communicators_back_and_running_out_s
     and a closed gloo dup kept five descriptors (mpi_jobs/many_dups.py)."""
     proc = run_mpi(2, "many_dups.py", backend, mode, rounds, timeout=180)
     assert "many-dups ok" in proc.stdout, proc.stdout + proc.stderr
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks, extra", [(2, None), (4, "pretend-nodes")])
+def test_what_an_init_made_is_freed_once_the_world_and_its_dups_have_closed(ranks, extra):
+    """A loop of init and close once ran out of MPI's communicators after about a thousand inits
+    (mpi_jobs/world_release.py)."""
+    proc = run_mpi(ranks, "world_release.py", *([extra] if extra else []), timeout=180)
+    assert "world-release ok" in proc.stdout, proc.stdout + proc.stderr

@@ -32,7 +32,7 @@ def build(mpi_comm, topology: Topology, timeout: float = 300.0, hosts: Optional[
     ``timeout`` bounds every handshake of the transports' setup (the communicator's timeout).
     ``hosts``: every rank's hostname where the caller has gathered them already (init's bounded
     exchange: bootstrap.py), else gathered here."""
-    from .mpi import MPITransport
+    from .mpi import MPITransport, new_communicator
     from .routed import RoutedTransport
     mode = choice()
     rank, size = mpi_comm.Get_rank(), mpi_comm.Get_size()
@@ -45,7 +45,8 @@ def build(mpi_comm, topology: Topology, timeout: float = 300.0, hosts: Optional[
     local = [r for r in range(size) if group_of[r] == group_of[rank]]
     color = min(local)
     with _watchdog("the node split (MPI_Comm_split)", timeout, rank):
-        node_comm = mpi_comm.Split(color=color, key=rank)   # collective: every rank takes part
+        node_comm = new_communicator(lambda: mpi_comm.Split(color=color, key=rank),   # every rank takes part
+                                     f"init on rank {rank}: the node split")
     if mode == "shm":
         remote = [r for r in range(size) if group_of[r] != group_of[rank]]
         if remote:

@@ -34,7 +34,7 @@ def new_communicator(make, what: str = ""):
     except MPI.Exception as err:
         said = str(err).strip().splitlines()   # MPICH: an error stack, the reason last
         raise CommunicatorLimitError(f"{prefix}MPI could not make another communicator ({said[-1].strip() if said else err}): "
-                        f"every split or dup holds one of MPI's until its close(); close the "
+                        f"every init, split or dup holds one of MPI's until its close(); close the "
                         f"communicators you no longer use") from err
 
 

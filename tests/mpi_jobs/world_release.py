@@ -1,0 +1,99 @@
+"""What an init made is freed when the world and every sub-communicator sharing it have closed.
+
+Until round thirty-seven a world communicator's close() kept its MPI communicators (the
+duplicate of MPI_COMM_WORLD, the node's split) and its transports' memory, so a loop of init
+and close ran out of MPI's communicators after about a thousand inits (a raw mpi4py exception
+inside the next init). A dup that outlives the world's close() shares the world's transports:
+they must stay until it closes too. With every MPI communicator taken, init raises
+CommunicatorLimitError on every rank.
+
+    mpirun -n N python world_release.py [pretend-nodes]
+
+Prints "world-release ok" on rank 0; exits 1 otherwise.
+"""
+import importlib
+import os
+import sys
+
+if sys.argv[1:] == ["pretend-nodes"]:
+    os.environ["RINGCOMM_NODE_ID"] = f"pretend-node-{int(os.environ.get('PMI_RANK', 0)) % 2}"
+
+import numpy as np
+from mpi4py import MPI
+
+import ringcomm
+
+module = importlib.import_module("ringcomm.init")
+freed: list = []
+free = module.free_communicator
+
+
+def recording(comm):
+    free(comm)
+    freed.append(comm)
+
+
+module.free_communicator = recording
+problems: list = []
+
+
+def summed(comm) -> bool:
+    x = np.full(1000, comm.rank + 1.0, np.float32)
+    comm.all_reduce(x)
+    return bool((x == comm.size * (comm.size + 1) / 2).all())
+
+
+world = ringcomm.init(timeout=30)
+rank = world.rank
+dup = world.dup()
+world.close()
+if freed:
+    problems.append(f"the world's close freed {len(freed)} MPI communicators while a dup still used them")
+if not summed(dup):
+    problems.append("a dup outliving the world's close summed wrong")
+dup.close()
+if not freed or any(c != MPI.COMM_NULL for c in freed):
+    problems.append(f"the last close freed {len(freed)} MPI communicators: {freed}")
+
+for backend in ("ringcomm", "mpi"):
+    for _ in range(20):
+        freed.clear()
+        comm = ringcomm.init(backend, timeout=30)
+        if not summed(comm):
+            problems.append(f"a sum on backend {backend} is wrong")
+        comm.close()
+        comm.close()   # twice: nothing more to free
+        if not freed:
+            problems.append(f"closing a world of backend {backend} freed no MPI communicator")
+# Every MPI communicator taken (by the program itself): init says so, on every rank.
+taken = []
+try:
+    while True:
+        taken.append(MPI.COMM_WORLD.Dup())
+except MPI.Exception:
+    pass
+try:
+    ringcomm.init(timeout=30)
+    problems.append(f"init succeeded with all {len(taken)} of MPI's communicators taken")
+except ringcomm.CommunicatorLimitError as err:
+    if not str(err).startswith(f"init on rank {rank}: MPI could not make another communicator"):
+        problems.append(f"init's refusal reads: {err}")
+taken.pop().Free()   # one left: init's duplicate of the world takes it, and its node split finds none
+try:
+    ringcomm.init(timeout=30)
+    problems.append("init succeeded with one of MPI's communicators left")
+except ringcomm.CommunicatorLimitError as err:
+    if not str(err).startswith(f"init on rank {rank}: the node split: MPI could not make another communicator"):
+        problems.append(f"init's refusal with one left reads: {err}")
+for comm in taken:
+    comm.Free()
+comm = ringcomm.init(timeout=30)   # given back, they serve again
+if not summed(comm):
+    problems.append("a sum after MPI's communicators came back is wrong")
+comm.close()
+if problems:
+    print(f"rank {rank}: {problems}", flush=True)
+    sys.exit(1)
+MPI.COMM_WORLD.Barrier()
+if rank == 0:
+    print("world-release ok", flush=True)
