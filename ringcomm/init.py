@@ -100,7 +100,7 @@ def init(backend: Optional[str] = None, *, timeout: Optional[float] = None) -> C
         world = boot.comm
         if backend != "ringcomm":
             comm = communicator_class(backend)(world, topology, timeout=timeout)
-            if backend == "mpi":   # gloo's and NCCL's exit barrier still runs over it (backends/gloo.py)
+            if backend != "nccl":   # after gloo's own release, whose barrier runs over it (backends/gloo.py)
                 comm.holders.on_release(functools.partial(free_communicator, world))
             return comm
         from .transport import factory

@@ -37,6 +37,8 @@ class GlooCommunicator(FramedPointToPoint, c10d.C10dBackend):
         self.pg = dist.ProcessGroupGloo(store, self.rank, self.size, self._options(timeout, host))
         self.frames = Frames()   # send/recv go framed by a header (framed.py)
         atexit.register(self._release)
+        if not context:   # the world's group and store go once it and its sub-communicators closed
+            self.holders.on_release(self._close_world)
 
     @staticmethod
     def _options(timeout: float, host: str):
@@ -71,6 +73,12 @@ class GlooCommunicator(FramedPointToPoint, c10d.C10dBackend):
         if self.context and self.pg is not None:
             atexit.unregister(self._release)
             self.pg = self._store = None
+
+    def _close_world(self) -> None:
+        """What the exit would do (``_release``), once the world and its sub-communicators have
+        closed: each init kept fifteen descriptors (group, store) until the process ended."""
+        atexit.unregister(self._release)
+        self._release()
 
     def _check_supported(self, call) -> None:
         if call.dtype is not None and call.dtype.name == "int16":

@@ -98,6 +98,8 @@ class ReferenceCommunicator(Communicator):
         except BaseException:
             free_communicator(sub_world)
             raise
+        sub.holders = self.holders   # gloo's and NCCL's groups meet in the world's store
+        self.holders.join()
         return sub
 
     def _sub_backend(self, sub_world, members, path):
