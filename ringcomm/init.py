@@ -15,10 +15,10 @@ whose torchrun variables say otherwise. See ``launcher_views``.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
-import functools
 import socket
 import sys
 import threading

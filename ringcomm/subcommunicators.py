@@ -34,6 +34,7 @@ from .transport.base import WindowSlot
 if TYPE_CHECKING:
     from .communicator import Communicator
 
+
 class Holders:
     """The world communicator and its live sub-communicators, which share the world's transports:
     when the last of them closes, ``on_release``'s calls free what init made for them (the
