@@ -237,6 +237,8 @@ class Communicator(PointToPoint, SubCommunicators):
             leave()
         with self.engine.state:
             held, self._holding = self._holding, False
+            # Plans made here hold windows and buffers of the transport: let them go with it.
+            self._plans, self._fast, self._p2p = {}, FastCalls(), PreparedP2P()
         if held:
             self.holders.leave()
 

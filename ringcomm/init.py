@@ -30,7 +30,6 @@ from .backends import NAMES, communicator_class
 from .communicator import DEFAULT_TIMEOUT, Communicator
 from .errors import UsageError, bad_type, bad_value
 from .transport import polling
-from .transport.mpi import free_communicator
 
 
 # ---- one init at a time -----------------------------------------------------------------------
@@ -99,18 +98,15 @@ def init(backend: Optional[str] = None, *, timeout: Optional[float] = None) -> C
         polling.set_ranks_here(ranks_here)
         world = boot.comm
         if backend != "ringcomm":
-            comm = communicator_class(backend)(world, topology, timeout=timeout)
-            if backend != "nccl":   # after gloo's own release, whose barrier runs over it (backends/gloo.py)
-                comm.holders.on_release(functools.partial(free_communicator, world))
-            return comm
+            return communicator_class(backend)(world, topology, timeout=timeout)
         from .transport import factory
         transport = factory.build(world, topology, timeout, hosts=hosts)
         comm = Communicator(transport, timeout=timeout,
                             local_rank=topology.local_rank, local_size=topology.local_size,
                             node_count=topology.node_count, topology=topology)
-        node = getattr(transport, "node", None)   # the node's shm transport, over an MPI split of world
-        comm.holders.on_release(transport.close, *(functools.partial(free_communicator, c)
-                                                   for c in ([node.comm] if node is not None else []) + [world]))
+        # The world's MPI communicators stay: messages may be in flight to them (transport/mpi.py
+        # new_communicator); the node's segments go.
+        comm.holders.on_release(getattr(transport, "forget", transport.close))
         agreed.apply(comm.selector)
         _direct_reads_from(comm, comm.selector.tuning)
         return comm
@@ -147,7 +143,7 @@ def init_from_store(store, rank: int, size: int, *, timeout: Optional[float] = N
     comm = Communicator(transport, timeout=timeout, local_rank=topology.local_rank, local_size=topology.local_size,
                         node_count=topology.node_count, topology=topology)
     comm._store = store   # the node's later handshakes (allocate) still meet in it
-    comm.holders.on_release(transport.close)
+    comm.holders.on_release(transport.forget)
     agreed.apply(comm.selector)
     _direct_reads_from(comm, comm.selector.tuning)
     return comm

@@ -12,7 +12,7 @@ computes the same one without asking.
 
 ``SubCommunicators`` is a mixin of Communicator (communicator.py keeps ``split``, ``dup`` and
 ``_sub``, which makes the new Communicator). ``Holders`` keeps what an init made (the node's
-transport, its MPI communicators) until the world and every sub-communicator sharing it closed.
+transport, gloo's group) until the world and every sub-communicator sharing it closed.
 """
 from __future__ import annotations
 
@@ -37,9 +37,8 @@ if TYPE_CHECKING:
 
 class Holders:
     """The world communicator and its live sub-communicators, which share the world's transports:
-    when the last of them closes, ``on_release``'s calls free what init made for them (the
-    transports' memory, MPI's communicators: a process has a few thousand, and a loop of
-    init and close ran out after about a thousand)."""
+    when the last of them closes, ``on_release``'s calls let go what init made for them (the
+    node's shared memory, gloo's group and store)."""
 
     def __init__(self):
         self._lock = threading.Lock()

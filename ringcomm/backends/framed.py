@@ -14,6 +14,12 @@ step) and then it raises MismatchError. A receive from any rank learns its sende
 header. The payload receives of one (sender, tag) are posted in the order of the sends' numbers,
 whichever waiting thread got its header first, because gloo hands a (pair, tag)'s messages to
 its receives in the order they were posted: the payload of send k lands where header k did.
+Header receives keep MPI's posting order: gloo gives a message to the pair's own receive before
+an earlier one from any rank, and one run in ten handed rank 1's first message to the receive
+posted second. So while a receive from any rank under a tag waits for its header, later
+receives under that tag wait to post theirs (``Frames.blocking``), each behind every earlier
+one that still blocks (a receive from any rank until it has its header, a deferred one until it
+has posted).
 The price is a second message per send, on a backend that is there for comparison.
 """
 from __future__ import annotations
@@ -36,6 +42,13 @@ class Frames:
         self.turn = threading.Condition()
         self.sent: dict = {}
         self.posted: dict = {}
+        self.blocking: dict = {}   # tag -> events of receives that later ones must wait for (module doc)
+
+    def release(self, tag: int, event: threading.Event) -> None:
+        with self.turn:
+            if event in self.blocking.get(tag, ()):
+                self.blocking[tag].remove(event)
+        event.set()
 
     def next_send(self, dst: int, tag: int) -> int:
         """(under ``turn``) The number of the next send to ``dst`` under ``tag``."""
@@ -96,15 +109,39 @@ class FramedPointToPoint:
         want = (target.numel() * target.element_size(), DTYPE_NAMES.index(call.dtype.name))
         header = torch.zeros(3, dtype=torch.int64)
         tag = call.tag
-        if call.peer is None:
-            handle = self.pg.recv_anysource([header], 2 * tag + 1)
-        else:
-            handle = self.pg.recv([header], call.peer, 2 * tag + 1)
+        frames = self.frames
+
+        def post():
+            if call.peer is None:
+                return self.pg.recv_anysource([header], 2 * tag + 1)
+            return self.pg.recv([header], call.peer, 2 * tag + 1)
+
+        with frames.turn:
+            earlier = list(frames.blocking.get(tag, ()))
+            mine = threading.Event() if call.peer is None or earlier else None
+            if mine is not None:
+                frames.blocking.setdefault(tag, []).append(mine)
+            handle = None if earlier else post()
+
+        def headed():
+            try:
+                for event in earlier:
+                    if not event.wait(None if deadline is None else max(0.0, deadline - time.monotonic())):
+                        raise CommTimeoutError(f"{work.description}: timed out after {self.timeout:g} s waiting for "
+                                               f"an earlier receive under tag {tag} to take its message")
+                posted = handle or post()
+                if call.peer is not None and mine is not None:
+                    frames.release(tag, mine)   # posted: a later receive may post behind it
+                posted.wait()
+                return posted
+            finally:
+                if mine is not None:
+                    frames.release(tag, mine)
 
         def run() -> None:
             keep = call   # the Buffer keeps the tensor ``target`` views alive (as above)
-            handle.wait()
-            src = call.peer if call.peer is not None else handle._source_rank()
+            posted = headed()
+            src = call.peer if call.peer is not None else posted._source_rank()
             work.source = src
             nbytes, code, k = (int(v) for v in header)
             if not self.frames.wait_turn(src, tag, k, deadline):

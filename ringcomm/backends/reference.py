@@ -16,7 +16,7 @@ import numpy as np
 from ..bootstrap import allgather_within
 from ..communicator import Communicator
 from ..errors import CommError, CommTimeoutError, UsageError, bad_type, bad_value
-from ..transport.mpi import MPITransport, free_communicator, new_communicator
+from ..transport.mpi import MPITransport, new_communicator
 
 
 class ReferenceCommunicator(Communicator):
@@ -30,8 +30,7 @@ class ReferenceCommunicator(Communicator):
     library = "the library"   # named in error messages
 
     def __init__(self, world, topology, *, timeout: Optional[float], context: tuple = ()):
-        # A sub-communicator's world was split for it: its close() gives it back to MPI.
-        super().__init__(MPITransport(world, owned=bool(context)), timeout=timeout, local_rank=topology.local_rank,
+        super().__init__(MPITransport(world), timeout=timeout, local_rank=topology.local_rank,
                          local_size=topology.local_size, node_count=topology.node_count,
                          topology=topology, context=context)
         self.world = world
@@ -93,11 +92,7 @@ class ReferenceCommunicator(Communicator):
                                      f"{what} #{seq} on rank {self.rank}")
         if members is None:
             return None
-        try:
-            sub = self._sub_backend(sub_world, members, path)
-        except BaseException:
-            free_communicator(sub_world)
-            raise
+        sub = self._sub_backend(sub_world, members, path)
         sub.holders = self.holders   # gloo's and NCCL's groups meet in the world's store
         self.holders.join()
         return sub

@@ -23,9 +23,15 @@ __all__ = ["MPIRequest", "MPIRecvRequest", "MPITransport", "new_communicator", "
 
 def new_communicator(make, what: str = ""):
     """``make()``, an MPI call that returns a new communicator, with MPI's refusal as a
-    CommunicatorLimitError that says what to do: MPI holds a context id for every communicator until it is freed (MPICH
-    has 2,048 per process), and a sub-communicator frees its own at close(). MPI refuses on
-    every member alike (the members agree on the id), so no rank waits for one that failed.
+    CommunicatorLimitError that says what to do: MPI holds a context id for every communicator
+    until it is freed (MPICH has 2,048 per process). MPI refuses on every member alike (the
+    members agree on the id), so no rank waits for one that failed.
+
+    ringcomm frees only communicators nothing was ever sent on (``free_communicator``): MPI
+    hands a freed one's id to a later communicator, and a message a peer sent to the freed one
+    and nobody received (a failed collective, a send never received) then matches the later
+    one's receive. That happened: a mismatch test's stale 64 MiB message truncated the next
+    init's receive.
     ``what``: the call, for the error."""
     from mpi4py import MPI
     prefix = f"{what}: " if what else ""
@@ -33,14 +39,18 @@ def new_communicator(make, what: str = ""):
         return make()
     except MPI.Exception as err:
         said = str(err).strip().splitlines()   # MPICH: an error stack, the reason last
-        raise CommunicatorLimitError(f"{prefix}MPI could not make another communicator ({said[-1].strip() if said else err}): "
-                        f"every init, split or dup holds one of MPI's until its close(); close the "
-                        f"communicators you no longer use") from err
+        reason = said[-1].strip() if said else str(err)
+        raise CommunicatorLimitError(
+            f"{prefix}MPI could not make another communicator ({reason}): every init, and every split "
+            f"or dup on the mpi, gloo and nccl backends or across nodes, holds one for the life of the "
+            f"process (a freed one's stale messages could reach its successor); make fewer, reusing "
+            f"communicators, and close() the ringcomm backend's splits within a node, which give "
+            f"theirs back") from err
 
 
 def free_communicator(comm) -> None:
-    """MPI_Comm_free of a communicator this library made; messages still in flight on it
-    complete first, as MPI defines."""
+    """MPI_Comm_free of a communicator this library made and never sent a message on (see
+    ``new_communicator``)."""
     from mpi4py import MPI
     if comm != MPI.COMM_NULL:
         try:
@@ -97,11 +107,9 @@ class MPIRecvRequest(MPIRequest):
 class MPITransport(Transport):
     name = "mpi"
 
-    def __init__(self, comm, owned: bool = False):
-        """``owned``: ``comm`` was made for this transport (a split's), freed when it leaves."""
+    def __init__(self, comm):
         from mpi4py import MPI
         self.comm = comm
-        self._owned = owned
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self._aborted: Optional[str] = None
         self._byte = self.byte = MPI.BYTE
@@ -136,7 +144,7 @@ class MPITransport(Transport):
         from mpi4py import MPI
         position = members.index(self.rank) if members is not None else 0
         sub = new_communicator(lambda: self.comm.Split(MPI.UNDEFINED if members is None else color, position))
-        return None if members is None else MPITransport(sub, owned=True)
+        return None if members is None else MPITransport(sub)
 
     def group(self, members, context):
         """MPI_Comm_create_group: collective over ``members`` only; ``context`` (the same on every
@@ -148,14 +156,7 @@ class MPITransport(Transport):
         finally:
             chosen.Free()
             whole.Free()
-        return MPITransport(sub, owned=True)
-
-    def leave(self) -> None:
-        """A sub-communicator's: its MPI communicator goes back to MPI (a split's own, never
-        the job's)."""
-        if self._owned:
-            self._owned = False
-            free_communicator(self.comm)
+        return MPITransport(sub)
 
     def aborted_reason(self) -> Optional[str]:
         return self._aborted

@@ -55,6 +55,7 @@ class RoutedTransport(Transport):
             seed = DeviceSeed(node.comm, node.ranks, node.setup_timeout)
         self.seed = seed
         self._own_seed = False   # the seed's MPI communicator was split for this transport
+        self._seed_used = False  # a CUDA IPC set-up ran over it (messages may be in flight to it)
         self.local = node   # the transport of this node's peers (a view of it, in a sub-communicator)
         self._device = None
         # Host arrays only (the communicator checks): the node's window spans the whole job only
@@ -137,6 +138,7 @@ class RoutedTransport(Transport):
             if why is not None:
                 raise UsageError(f"rank {self.rank}: {why}")
             from .cuda_ipc import CudaIpcTransport
+            self._seed_used = True
             self._device = CudaIpcTransport(seed.comm, seed.ranks, world_rank=self.rank, world_size=self.size,
                                             setup_timeout=seed.timeout if timeout is None else timeout,
                                             setup_aborted=aborted, timeout=seed.timeout)
@@ -277,13 +279,25 @@ class RoutedTransport(Transport):
     def leave(self) -> None:
         for t in self.transports:
             t.leave()
-        if self._own_seed:   # a split's: its MPI communicator goes back to MPI (after CUDA IPC closed)
+        self.window = None   # the node view's, let go with it
+        # A split's seed goes back to MPI if CUDA IPC never sent on it: nothing can be in
+        # flight to it then (transport/mpi.py new_communicator). Most jobs never make one.
+        if self._own_seed and not self._seed_used:
             self._own_seed = False
             free_communicator(self.seed.comm)
 
     def close(self) -> None:
         for t in self.transports + ([self._device] if self._device else []):
             t.close()
+
+    def forget(self) -> None:
+        """``close``, and the node's segments let go (ShmTransport.forget)."""
+        self.close()
+        self.window = None
+        for t in self.transports:
+            forget = getattr(t, "forget", None)
+            if forget is not None:
+                forget()
 
 
 # ---- device memory through host memory (point to point before CUDA IPC exists, or across nodes) --

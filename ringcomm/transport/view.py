@@ -103,6 +103,7 @@ class TransportView(Transport):
         release = getattr(self.base, "release_window", None)
         if release is not None and self.window is not None:
             release(self.context)   # its slot may serve a later communicator (shm/transport.py)
+        self.window = None   # a view into the node's segment: a closed communicator kept it mapped
         # What peers sent this communicator and it never received would hold slots of rings that
         # every communicator of the pair shares (shm): dropped, acknowledged unread.
         drop = getattr(self.base, "drop_context", None)

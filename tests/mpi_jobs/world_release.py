@@ -1,19 +1,17 @@
-"""What an init made is freed when the world and every sub-communicator sharing it have closed.
+"""What an init made goes when the world and every sub-communicator sharing it have closed.
 
-Until round thirty-seven a world communicator's close() kept its MPI communicators (the
-duplicate of MPI_COMM_WORLD, the node's split) and its transports' memory, so a loop of init
-and close ran out of MPI's communicators after about a thousand inits (a raw mpi4py exception
-inside the next init). A dup that outlives the world's close() shares the world's transports:
-they must stay until it closes too. gloo's group and store (fifteen descriptors) stayed until
-the process ended. With every MPI communicator taken, init raises
-CommunicatorLimitError on every rank.
+A dup that outlives the world's close() shares the world's transports: they must stay until it
+closes too. Until round thirty-seven a world's close() kept its transports' segments mapped
+until Python's collector ran (in a 64 MiB /dev/shm the fifth init of this job found no room:
+test_split.py runs it there) and gloo's group and store (fifteen descriptors an init) until the
+process ended. MPI's own communicators stay (transport/mpi.py new_communicator says why); with
+every one of them taken, init raises CommunicatorLimitError on every rank.
 
     mpirun -n N python world_release.py [pretend-nodes]
 
 Prints "world-release ok" on rank 0; exits 1 otherwise.
 """
 import gc
-import importlib
 import os
 import sys
 
@@ -25,17 +23,6 @@ from mpi4py import MPI
 
 import ringcomm
 
-module = importlib.import_module("ringcomm.init")
-freed: list = []
-free = module.free_communicator
-
-
-def recording(comm):
-    free(comm)
-    freed.append(comm)
-
-
-module.free_communicator = recording
 problems: list = []
 
 
@@ -49,31 +36,25 @@ world = ringcomm.init(timeout=30)
 rank = world.rank
 dup = world.dup()
 world.close()
-if freed:
-    problems.append(f"the world's close freed {len(freed)} MPI communicators while a dup still used them")
 if not summed(dup):
     problems.append("a dup outliving the world's close summed wrong")
 dup.close()
-if not freed or any(c != MPI.COMM_NULL for c in freed):
-    problems.append(f"the last close freed {len(freed)} MPI communicators: {freed}")
 
 for backend in ("ringcomm", "mpi", "gloo"):
     ringcomm.init(backend, timeout=30).close()
     gc.collect()   # a mapping's descriptor (Python's mmap keeps one) goes with a cycle, at a collection
     descriptors = len(os.listdir("/proc/self/fd"))
     for _ in range(8):
-        freed.clear()
         comm = ringcomm.init(backend, timeout=30)
         if not summed(comm):
             problems.append(f"a sum on backend {backend} is wrong")
         comm.close()
-        comm.close()   # twice: nothing more to free
-        if not freed:
-            problems.append(f"closing a world of backend {backend} freed no MPI communicator")
+        comm.close()   # twice: nothing more to give back
     gc.collect()
     grown = len(os.listdir("/proc/self/fd")) - descriptors
     if grown > 8:   # gloo's group and store kept fifteen an init
         problems.append(f"{grown} more open descriptors after 8 inits of backend {backend}, each closed")
+
 # Every MPI communicator taken (by the program itself): init says so, on every rank.
 taken = []
 try:
