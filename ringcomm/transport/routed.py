@@ -191,12 +191,7 @@ class RoutedTransport(Transport):
             return None if members is None else RoutedTransport(0, 1, {}, [])
         local, remote = self.local, self._remote()
         split_remote = None if remote is None else remote.split(members, color, key, context, slot)
-        try:
-            seed = self._split_seed(members, color)
-        except BaseException:
-            if split_remote is not None:
-                split_remote.leave()
-            raise
+        seed = self._split_seed(members, color)
         if members is None:
             return None
         me = members.index(self.rank)
