@@ -106,7 +106,7 @@ def init(backend: Optional[str] = None, *, timeout: Optional[float] = None) -> C
                             node_count=topology.node_count, topology=topology)
         # The world's MPI communicators stay: messages may be in flight to them (transport/mpi.py
         # new_communicator); the node's segments go.
-        comm.holders.on_release(getattr(transport, "forget", transport.close))
+        comm.holders.on_release(transport.forget)
         agreed.apply(comm.selector)
         _direct_reads_from(comm, comm.selector.tuning)
         return comm

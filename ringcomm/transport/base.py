@@ -174,3 +174,9 @@ class Transport(ABC):
 
     def close(self) -> None:
         """Free resources. Safe to call twice."""
+
+    def forget(self) -> None:
+        """Once nothing uses this transport (its world and every sub-communicator closed):
+        ``close``, and let go of what the node shares (segments); a transport that shares
+        nothing has only ``close`` to do."""
+        self.close()

@@ -290,9 +290,7 @@ class RoutedTransport(Transport):
         self.close()
         self.window = None
         for t in self.transports:
-            forget = getattr(t, "forget", None)
-            if forget is not None:
-                forget()
+            t.forget()
 
 
 # ---- device memory through host memory (point to point before CUDA IPC exists, or across nodes) --

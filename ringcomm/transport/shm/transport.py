@@ -531,9 +531,10 @@ class ShmTransport(Messages, Transport):
         the last view of it goes, and views sit in reference cycles of the communicators that
         used them, which the collector found when it liked: a loop of init and close on a
         64 MiB /dev/shm held four closed communicators' pools, and the fifth init had no room.
-        Collecting here (where /dev/shm has room for fewer than three more such transports: a
-        collection takes 70 ms in a process that imported torch) returns the pages of every communicator the caller has dropped; one it
-        still holds keeps them until it goes."""
+        Collecting here (only where /dev/shm has room for fewer than three more such
+        transports: a collection takes 70 ms in a process that imported torch) returns the pages
+        of every communicator the caller has dropped; one it still holds keeps them until it
+        goes."""
         self.close()
         held = self.n * (self._control.nbytes if self._control is not None else 0)
         with self._lock:
