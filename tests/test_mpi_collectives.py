@@ -4,6 +4,8 @@ Each launch batches thousands of checks (a launch costs about a second of startu
 write a JSON report that is asserted here, so a failure lists every wrong case by name.
 """
 import json
+import re
+import time
 
 import pytest
 
@@ -21,6 +23,7 @@ def report_of(tmp_path, n, script, *args):
     report = json.loads(path.read_text())
     assert not report["failures"], "\n".join(report["failures"][:40])
     assert proc.returncode == 0, proc.stderr
+    report["stdout"] = proc.stdout
     return report
 
 
@@ -72,8 +75,15 @@ def test_bad_timeout_argument_is_rejected_before_mpi_starts():
 
 @pytest.mark.mpi
 def test_a_collective_nobody_joins_times_out_on_every_backend(tmp_path):
+    """And the job then exits promptly: rank 0's timed-out split left its allgather posted on
+    the gloo world, the exit's barrier over MPI paired with it on the peers, and every exit
+    waited out the barrier's 10 s bound (gloo.py ``_release`` meets in the store now)."""
     report = report_of(tmp_path, 3, "timeouts.py", "--backends", BACKENDS)
+    ended = time.time()
     assert report["checks"] == 3 * len(BACKENDS.split(","))
+    left = [float(t) for t in re.findall(r"rank \d leaves at ([\d.]+)", report["stdout"])]
+    assert len(left) == 3, report["stdout"]
+    assert ended - max(left) < 6, f"the ranks' exit took {ended - max(left):.1f} s"
 
 
 def _cuda_reason():

@@ -17,7 +17,6 @@ import datetime
 import torch.distributed as dist
 
 from ..errors import UsageError
-from ..transport.polling import wait_polling
 from . import c10d
 from .framed import FramedPointToPoint, Frames
 from .reference import comm_error
@@ -54,17 +53,27 @@ class GlooCommunicator(FramedPointToPoint, c10d.C10dBackend):
 
         Left to interpreter teardown, rank 0 could destroy the TCPStore server while a peer's gloo
         threads still use it, and that peer aborted in C++ ("terminate called without an active
-        exception") after all its work was done. A bounded barrier keeps the ranks together, and
-        never hangs the exit of a job whose peers are already gone.
+        exception") after all its work was done. So rank 0, the server's host, keeps it until
+        every peer has dropped its group and said so in the store, or for ``timeout`` seconds,
+        which never hangs the exit of a job whose peers are gone. The ranks meet in the store,
+        not over MPI: a collective that timed out on one rank alone (a split's allgather) is
+        still posted on the world, and a barrier there paired with it on the peers, so the exit
+        waited out its bound. A sub-communicator's group only goes: the store is the world's.
         """
         if self.pg is None:
             return
+        store = self._store
+        self.pg = self._store = None   # the gloo group goes before this rank says it has
+        if self.context or store is None:
+            return
         try:
-            request = self.world.Ibarrier()
-            wait_polling(request.Test, timeout)
+            store.set_timeout(datetime.timedelta(seconds=timeout))
+            if self.rank == 0:
+                store.wait([f"ringcomm-exit/{r}" for r in range(1, self.size)])
+            else:
+                store.set(f"ringcomm-exit/{self.rank}", b"")
         except Exception:
-            pass   # a failed peer: nothing left to wait for
-        self.pg = self._store = None
+            pass   # a peer or the server gone, or late past the bound: nothing left to wait for
 
     def close(self) -> None:
         """A sub-communicator's gloo group goes with it (its sockets and threads), without the

@@ -5,6 +5,8 @@
 On each backend, with timeout=1 s, rank 0 alone calls all_reduce, then on a second communicator
 split; each must raise CommTimeoutError naming the call within a few seconds, and the
 communicator must then refuse further collectives with CommError. Rank 0 writes REPORT.json; the job exits 1 on failure.
+Each rank prints "rank R leaves at T" (wall clock) before its exit hooks run: the gloo
+communicators' release at exit must not wait out its bound after rank 0's split timed out.
 """
 import argparse
 import json
@@ -68,7 +70,7 @@ def main():
     if world.rank == 0:
         with open(args.report, "w") as fh:
             json.dump({"checks": sum(total), "failures": [f for fs in everyone for f in fs]}, fh, indent=1)
-    sys.stdout.flush()
+    print(f"rank {world.rank} leaves at {time.time():.3f}", flush=True)
     sys.exit(1 if world.bcast(any(everyone) if world.rank == 0 else None) else 0)
 
 
