@@ -178,7 +178,7 @@ def late_init_outcomes(tmp_path) -> dict:
 
 @pytest.mark.parametrize("scenario", ["late", "stopped"])
 def test_a_rank_that_does_not_reach_init_in_time_fails_init_on_the_others(scenario, tmp_path):
-    """Rank 1 of 3 calls ringcomm.init 6 s late, or stops 6 s inside it before its first
+    """Rank 1 of 3 calls ringcomm.init 4.5 s late, or stops 4.5 s inside it before its first
     exchange; the others' init(timeout=2) raises CommTimeoutError within the timeout, naming rank
     1 where it can (bootstrap.py). Before, MPI's blocking Comm_dup and allgather waited for it
     however long it took: forever for a rank that never came."""
@@ -198,7 +198,7 @@ def test_a_rank_that_does_not_reach_init_in_time_fails_init_on_the_others(scenar
                                        f"{2 - rank} gave up")), outcome
             assert "waiting for ranks [1]" in outcome, outcome
     # The late rank finds the others gone: its own init gives up too, within its timeout (after
-    # its 6 s inside init where it stopped there), or at their notices.
+    # its 4.5 s inside init where it stopped there), or at their notices.
     took, outcome = seen[1]
     assert outcome.startswith(("CommTimeoutError: init", "PeerAbortedError: init")), outcome
     assert took < (4.0 if scenario == "late" else 10.0), (took, outcome)
@@ -230,7 +230,7 @@ def test_mpi_inits_deadline_is_disarmed_once_mpi_init_returns(tmp_path):
 
 
 def test_a_rank_late_to_a_reference_backends_set_up_fails_init_on_the_others(tmp_path):
-    """Rank 1 of 3 stops for 6 s where backend gloo's set-up begins, after init's exchanges. Its
+    """Rank 1 of 3 stops for 4.5 s where backend gloo's set-up begins, after init's exchanges. Its
     rendezvous over MPI was a blocking allgather and bcast: the others waited for it however
     long it took, forever for a rank that never came. Now each exchange is bounded
     (bootstrap.allgather_within): the others raise CommTimeoutError at their timeout (2 s)."""
@@ -244,7 +244,7 @@ def test_a_rank_late_to_a_reference_backends_set_up_fails_init_on_the_others(tmp
 
 
 def test_a_rank_late_to_inits_last_exchange_ends_the_job_instead_of_waiting_alone_in_the_split(tmp_path):
-    """Rank 1 of 3 is 6 s late to init's last exchange (settings); the others give up at 2 s. Their
+    """Rank 1 of 3 is 4.5 s late to init's last exchange (settings); the others give up at 2 s. Their
     messages were sent before they did, so rank 1 found the exchange complete and waited forever
     in the node split (MPI_Comm_split), which nothing can poll. Now the others' abort notices stop
     it (PeerAbortedError), or where they come too late, the split's watchdog ends the job at the
