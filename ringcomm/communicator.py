@@ -96,7 +96,8 @@ class Communicator(PointToPoint, SubCommunicators):
         self._plans_for = self.selector
         self.debug = env.get("RINGCOMM_DEBUG")
         self.check_finite = env.get("RINGCOMM_CHECK_FINITE")
-        self._preflight_on = self.debug == "detail" or self.check_finite
+        self._check_fields = self.debug == "detail"
+        self._preflight_on = self._check_fields or self.check_finite
         for collective, forced in self.selector.forced.items():
             if self._lacks_window(algorithms.get(collective, forced), transport.window):
                 raise UsageError(f"RINGCOMM_ALGO forces {collective}={forced}, which needs ranks that "
@@ -560,13 +561,16 @@ class Communicator(PointToPoint, SubCommunicators):
         return job(seq)
 
     def _preflight(self, seq: int, call: Call) -> None:
+        preflight.check(self.transport, self.timeout, f"{call.name} #{seq}", self._fingerprint(seq, call),
+                        check_fields=self._check_fields, call_parts=preflight.parts(call, self.size),
+                        pairwise=call.recv_counts is not None)
+
+    def _fingerprint(self, seq: int, call: Call) -> list:
         buf = call.inp
         non_finite = self.check_finite and buf is not None and \
             preflight.has_non_finite(buf.flat, buf.dtype.name)
-        mine = preflight.fingerprint(call.collective.code, seq, call.collective.envelope_count(call),
+        return preflight.fingerprint(call.collective.code, seq, call.collective.envelope_count(call),
                                      call.dtype and call.dtype.name, call.op and call.op.value, call.root, non_finite)
-        preflight.check(self.transport, self.timeout, f"{call.name} #{seq}", mine,
-                        check_fields=self.debug == "detail")
 
     def _with_reason(self, err: PeerAbortedError, what: str) -> PeerAbortedError:
         """A transport that saw a peer give up (a flag in shared memory, a released wait) knows
