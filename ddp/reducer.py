@@ -505,18 +505,27 @@ class Reducer:
 
 
 def _watch(q: queue.Queue, finish_t: dict) -> None:
-    """Record when each bucket's communication finishes (the end-of-backward wait comes later)."""
+    """Record when each bucket's communication finishes (the end-of-backward wait comes later).
+
+    Nothing of a bucket stays bound while the thread waits. The collector at exit frees a
+    Reducer still alive and so wakes its watcher (``weakref.finalize``) while the interpreter
+    finalizes; CPython ends a daemon thread that reaches for the GIL then, and one that was
+    freeing the last bucket's future (and so a tensor) died inside torch's C++: the process
+    aborted, "terminate called without an active exception", about one run in ten of
+    examples/compare_backends.py on backend gloo. Holding nothing, the watcher frees nothing."""
     while True:
         item = q.get()
         try:
             if item is None:
                 return
             b, fut = item
+            item = None
             fut.wait_comm()
             finish_t[b] = time.perf_counter()
         except BaseException:   # _finalize's own wait reports the failure
             pass
         finally:
+            item = fut = None
             q.task_done()
 
 

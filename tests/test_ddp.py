@@ -442,3 +442,37 @@ def test_an_unwritable_timeline_path_is_refused_at_construction(monkeypatch):
         with pytest.raises(ringcomm.UsageError, match="RINGCOMM_TIMELINE"):
             ddp.DistributedDataParallel(nn.Linear(2, 2), comm)
     run_threads(1, body)
+
+
+
+
+def test_a_bucket_watcher_holds_nothing_of_a_bucket_while_it_waits():
+    """At exit the collector frees a DDP model still alive and so wakes its bucket watcher (a
+    daemon thread) while the interpreter finalizes. The watcher then freed the last bucket's
+    future, and with it a tensor, died inside torch's C++ and aborted the process ("terminate
+    called without an active exception", about one run in ten of examples/compare_backends.py
+    on gloo). Between items it now holds nothing a bucket owns."""
+    import gc
+    import queue
+    import threading
+    import weakref
+
+    from ddp import reducer
+
+    class Future:
+        def wait_comm(self):
+            pass
+
+    q, finish_t = queue.Queue(), {}
+    watcher = threading.Thread(target=reducer._watch, args=(q, finish_t), daemon=True)
+    watcher.start()
+    fut = Future()
+    gone = weakref.ref(fut)
+    q.put((3, fut))
+    q.join()
+    del fut
+    gc.collect()
+    assert 3 in finish_t and gone() is None, "the watcher still holds the last bucket's future"
+    q.put(None)
+    watcher.join(5)
+    assert not watcher.is_alive()
