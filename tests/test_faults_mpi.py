@@ -163,8 +163,12 @@ def test_a_stopped_rank_resumed_after_its_peers_timed_out_raises_and_leaves_thei
     """SIGSTOP inside a large direct collective, SIGCONT after the peers' deadline and their reuse
     of their buffers: the resumed rank once returned normally with values read out of the reused
     buffers and went on writing into them (mpi_jobs/resumed_rank.py)."""
-    proc = run_mpi(3, "resumed_rank.py", case, timeout=120)
-    assert "resumed-rank ok" in proc.stdout, proc.stdout + proc.stderr
+    # Rank 0 prints after a barrier that every rank reaches only past its own checks, so the line
+    # is the verdict. The exit status is not: the ranks leave by os._exit without MPI_Finalize
+    # (their communicators are broken), and MPICH's launcher then kills whichever rank has not
+    # left yet (exit 9, once in some twenty suite runs, after the line was out).
+    proc = run_mpi(3, "resumed_rank.py", case, timeout=120, check=False)
+    assert "resumed-rank ok" in proc.stdout, f"exit {proc.returncode}\n{proc.stdout}{proc.stderr}"
 
 
 def late_init_outcomes(tmp_path) -> dict:
