@@ -13,7 +13,8 @@ Implementations (``--impl``):
 - ``torch-ringcomm``: torch's DDP over the "ringcomm" torch.distributed backend, if present;
 - ``local``: the undistributed model in one process, the base of scaling efficiency.
 
-Per job, three timings interleaved step by step, each the mean over ``--steps``, max over ranks:
+Per job, three timings interleaved step by step, each the median over ``--steps`` of the slowest
+rank's time (the JSON has every step's, and the mean step):
 - step: forward + backward (+ gradient sync) + optimizer step;
 - compute: the same inside ``no_sync()``, so no gradient is communicated;
 - comm: all-reducing a buffer the size of all gradients in 25 MiB buckets, nothing else running.
@@ -114,6 +115,7 @@ def overlap(step: float, compute: float, comm: float) -> tuple[float, float]:
 def worker(args) -> None:
     import contextlib
 
+    import numpy as np
     import torch
     from mpi4py import MPI
     torch.set_num_threads(1)
@@ -163,19 +165,26 @@ def worker(args) -> None:
     for _ in range(args.warmup):
         for fn in phases.values():
             fn()
-    spent = {name: 0.0 for name in phases}
-    for _ in range(args.steps):   # interleaved, so machine noise hits all three alike
+    spent = {name: np.zeros(args.steps) for name in phases}
+    for s in range(args.steps):   # interleaved, so machine noise hits all three alike
         for name, fn in phases.items():
             finish()
             world.Barrier()
             t0 = time.perf_counter()
             fn()
             finish()
-            spent[name] += time.perf_counter() - t0
-    worst = {name: world.allreduce(s / args.steps, op=MPI.MAX) for name, s in spent.items()}
+            spent[name][s] = time.perf_counter() - t0
+    worst = {}
+    for name, times in spent.items():
+        world.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)   # a step lasts until its slowest rank is done
+        # The median step, not the mean: the one or two steps in ten that the VM stalls moved a
+        # 10-step mean by several ms, in either implementation's favour.
+        worst[name] = float(np.median(times))
     if rank == 0:
         result = {"impl": args.impl, "ranks": n, "params": params, "batch_per_rank": args.batch,
-                  "step_s": worst["step"], "samples_per_s": n * args.batch / worst["step"]}
+                  "step_s": worst["step"], "samples_per_s": n * args.batch / worst["step"],
+                  "mean_step_s": float(spent["step"].mean()),
+                  "steps_s": {name: times.round(6).tolist() for name, times in spent.items()}}
         if "comm" in worst:
             exposed, hidden = overlap(worst["step"], worst["compute"], worst["comm"])
             result.update(compute_s=worst["compute"], comm_s=worst["comm"], exposed_s=exposed, hidden=hidden)
@@ -245,7 +254,8 @@ def driver(args) -> int:
     shape = (f"MLP {args.depth} x {args.width}" if args.model == "mlp" else
              f"transformer of examples/train.py, {args.depth} layers of dim {args.width}")
     print(f"# {shape} ({nparams / 1e6:.1f} M params, {nparams * 4 / 2**20:.0f} MiB of "
-          f"fp32 gradients), batch {args.batch} per rank, {args.steps} steps after {args.warmup} warm-up, "
+          f"fp32 gradients), batch {args.batch} per rank, the median of {args.steps} steps after "
+          f"{args.warmup} warm-up, "
           f"torch threads 1{'; gradient_as_bucket_view' if args.bucket_view else ''}"
           f"{'; on CUDA' if args.device == 'cuda' else ''}; {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}, load {os.getloadavg()}")
     for k, (impl, n) in enumerate(jobs):
