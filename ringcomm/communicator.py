@@ -236,6 +236,8 @@ class Communicator(PointToPoint, SubCommunicators):
         leave = getattr(self.transport, "leave", None)
         if self.context and leave is not None:   # a sub-communicator: what it never received must not hold shared rings
             leave()
+            if self._broken is None and not self.engine.outstanding:
+                self.transport.retire()   # its own MPI communicator, if any, once every member has closed it
         with self.engine.state:
             held, self._holding = self._holding, False
             # Plans made here hold windows and buffers of the transport: let them go with it.

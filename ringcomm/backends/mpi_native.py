@@ -84,6 +84,9 @@ class MPINativeCommunicator(ReferenceCommunicator):
         req, keep = call.collective.mpi(self, call)
         status = MPI.Status()
         expected = call.count * call.dtype.itemsize
+        counts = self.transport   # what close() tells the peers (transport/mpi.py retire_communicator)
+        if call.name == "send":
+            counts.sent[call.peer] += 1
 
         def test() -> bool:
             try:
@@ -94,6 +97,7 @@ class MPINativeCommunicator(ReferenceCommunicator):
                                     f"{expected} bytes ({str(err).splitlines()[0]})") from None
             if call.name == "recv":
                 work.source = status.Get_source()
+                counts.received[work.source] += 1
                 got = status.Get_count(MPI.BYTE)
                 if got != expected:
                     raise MismatchError(f"{work.description}: the message has {got} bytes, the receive "

@@ -33,7 +33,9 @@ class ReferenceCommunicator(Communicator):
     library = "the library"   # named in error messages
 
     def __init__(self, world, topology, *, timeout: Optional[float], context: tuple = ()):
-        super().__init__(MPITransport(world), timeout=timeout, local_rank=topology.local_rank,
+        # A sub-communicator's transport owns its world: close() gives it back to MPI once every
+        # member has closed cleanly (transport/mpi.py retire_communicator).
+        super().__init__(MPITransport(world, own=bool(context)), timeout=timeout, local_rank=topology.local_rank,
                          local_size=topology.local_size, node_count=topology.node_count,
                          topology=topology, context=context)
         self.world = world

@@ -42,13 +42,17 @@ ALGORITHMS = 8                 # schedule algorithms a collective may have (0..7
 ALGORITHM_MASK = (ALGORITHMS - 1) << ALGORITHM_SHIFT
 COUNT_MOD = 32
 USER_TAG_LIMIT = 1 << 23       # send/recv tags are 0 .. USER_TAG_LIMIT - 1
+# Leads a member's row in the exchange of a sub-communicator's close() on the reference backends
+# (transport/mpi.py retire_communicator). A peer still in a collective that this rank never
+# entered pairs its pre-flight row with that exchange, and its MismatchError names the call so.
+CLOSE_CODE = 0x52_45_54_49_52_45_44
 STAMP_COUNT_SHIFT = 32         # a one-shot window stamp: the exact count above the 29-bit tag
 # ... and between the two (bits 29-31), which window algorithm posted it: one_shot and direct
 # rounds of one call carry different things in their slots (data, or an address to read).
 WINDOW_KIND_SHIFT = 29
 WINDOW_KINDS = 7               # window algorithms a collective may have (kinds 1..7; 0: none said)
 
-_names: dict = {}              # collective code -> name, filled by the collectives registry
+_names: dict = {CLOSE_CODE: "close()"}   # collective code -> name, filled by the collectives registry
 _algorithm_names: dict = {}    # collective code -> its schedule algorithms' names, by index (algorithms/)
 
 

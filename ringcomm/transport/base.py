@@ -172,6 +172,11 @@ class Transport(ABC):
         its own and nothing it shares with its parent (a view's context id and the messages
         sent to it that it never received). Safe to call twice."""
 
+    def retire(self) -> None:
+        """After ``leave``, where the communicator closed cleanly on this rank (nothing failed,
+        nothing in flight): give back what only such a close may, an MPI communicator of its
+        own (transport/mpi.py retire_communicator). Safe to call twice."""
+
     def close(self) -> None:
         """Free resources. Safe to call twice."""
 

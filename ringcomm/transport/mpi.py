@@ -10,15 +10,18 @@ MPI_THREAD_MULTIPLE so that the application may use MPI from its own threads mea
 """
 from __future__ import annotations
 
+import threading
 from typing import Optional
 
 import numpy as np
 
+from ..core.envelope import CLOSE_CODE
 from ..errors import CommunicatorLimitError, MismatchError, UsageError
 from .base import Request, Transport
 from .polling import wait_polling
 
-__all__ = ["MPIRequest", "MPIRecvRequest", "MPITransport", "new_communicator", "wait_polling"]
+__all__ = ["MPIRequest", "MPIRecvRequest", "MPITransport", "collect_retired", "new_communicator", "retire_communicator",
+           "wait_polling"]
 
 
 def new_communicator(make, what: str = ""):
@@ -27,25 +30,79 @@ def new_communicator(make, what: str = ""):
     until it is freed (MPICH has 2,048 per process). MPI refuses on every member alike (the
     members agree on the id), so no rank waits for one that failed.
 
-    ringcomm frees only communicators nothing was ever sent on (``free_communicator``): MPI
-    hands a freed one's id to a later communicator, and a message a peer sent to the freed one
-    and nobody received (a failed collective, a send never received) then matches the later
-    one's receive. That happened: a mismatch test's stale 64 MiB message truncated the next
-    init's receive.
+    MPI hands a freed communicator's id to a later communicator, and a message a peer sent to
+    the freed one and nobody received (a failed collective, a send never received) then matches
+    the later one's receive. That happened: a mismatch test's stale 64 MiB message truncated the
+    next init's receive. So ringcomm frees a communicator that carried messages only once its
+    members agree that nothing sent on it is left unreceived (``retire_communicator``), and one
+    nothing was ever sent on at once (``free_communicator``).
     ``what``: the call, for the error."""
     from mpi4py import MPI
     prefix = f"{what}: " if what else ""
+    collect_retired()
     try:
         return make()
     except MPI.Exception as err:
         said = str(err).strip().splitlines()   # MPICH: an error stack, the reason last
         reason = said[-1].strip() if said else str(err)
         raise CommunicatorLimitError(
-            f"{prefix}MPI could not make another communicator ({reason}): every init, and every split "
-            f"or dup on the mpi, gloo and nccl backends or across nodes, holds one for the life of the "
-            f"process (a freed one's stale messages could reach its successor); make fewer, reusing "
-            f"communicators, and close() the ringcomm backend's splits within a node, which give "
-            f"theirs back") from err
+            f"{prefix}MPI could not make another communicator ({reason}): every init, every split or "
+            f"dup across nodes, and every split or dup on the mpi, gloo and nccl backends until "
+            f"every member has closed it cleanly, holds one (a freed one's stale messages could reach "
+            f"its successor); make fewer, reusing communicators, and close() splits and dups once "
+            f"done with them") from err
+
+
+_retiring: list = []   # (communicator, its exchange's request, the buffers MPI writes)
+_retiring_lock = threading.Lock()
+
+
+def retire_communicator(comm, sent: list, received: list) -> None:
+    """Give ``comm`` back to MPI once every member has retired it and nothing sent on it is left
+    unreceived: ``sent[j]`` messages this rank sent to rank j on it (counted when posted),
+    ``received[j]`` it received from j (counted when complete). Each member calls this as its
+    last call on ``comm``, only if nothing failed or is still in flight there; the members' counts
+    travel in a nonblocking allgather, so closing waits for nobody, and the first
+    ``collect_retired`` that finds the exchange done frees ``comm`` if for every pair what one
+    sent the other received. A member that never retires it (gone, or its communicator broke)
+    leaves it held, as a send nobody received does. Each row leads with CLOSE_CODE: where a
+    member timed out in a collective the others never entered (an erroneous program), their
+    exchange pairs with its pre-flight allgather, whose row leads with that collective's code, so
+    nobody frees, and that member's MismatchError says the others have close()."""
+    from mpi4py import MPI
+    n = comm.Get_size()
+    row = np.array([CLOSE_CODE, *sent, *received], np.int64)
+    rows = np.zeros(n * row.size, np.int64)
+    try:
+        request = comm.Iallgather(row, rows)
+    except MPI.Exception:
+        return   # MPI refused: the communicator stays, as before
+    with _retiring_lock:
+        _retiring.append((comm, request, row, rows))
+    collect_retired()
+
+
+def collect_retired() -> int:
+    """Free the retiring communicators whose exchange is done and balanced; how many were freed.
+    Each test also moves MPI's progress along, so the exchanges finish as later calls come."""
+    freed = 0
+    with _retiring_lock:
+        for item in list(_retiring):
+            comm, request, _, rows = item
+            try:
+                if not request.Test():
+                    continue
+            except Exception:   # the communicator failed under the exchange: it stays held
+                _retiring.remove(item)
+                continue
+            _retiring.remove(item)
+            n = comm.Get_size()
+            rows = rows.reshape(n, 1 + 2 * n)
+            counts = rows[:, 1:].reshape(n, 2, n)   # [rank i][sent, received][rank j]
+            if (rows[:, 0] == CLOSE_CODE).all() and np.array_equal(counts[:, 0, :], counts[:, 1, :].T):
+                free_communicator(comm)
+                freed += 1
+    return freed
 
 
 def free_communicator(comm) -> None:
@@ -97,6 +154,7 @@ class MPIRecvRequest(MPIRequest):
                                     f"not fit the receive of {self._expect} bytes "
                                     f"({str(err).splitlines()[0]})") from None
             if self._done:
+                self._transport.received[self._peer] += 1
                 got = self._status.Get_count(self._transport.byte)
                 if got != self._expect:
                     raise MismatchError(f"rank {self._transport.rank}: the message from rank {self._peer} "
@@ -107,13 +165,16 @@ class MPIRecvRequest(MPIRequest):
 class MPITransport(Transport):
     name = "mpi"
 
-    def __init__(self, comm):
+    def __init__(self, comm, own: bool = False):
+        """``own``: ``comm`` was made for this transport (a split), and ``retire`` gives it back."""
         from mpi4py import MPI
-        self.comm = comm
+        self.comm, self.own = comm, own
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self._aborted: Optional[str] = None
         self._byte = self.byte = MPI.BYTE
         self.new_status = MPI.Status
+        # messages sent to and received from each rank, for retire_communicator
+        self.sent, self.received = [0] * self.size, [0] * self.size
 
     def _bytes(self, buf: np.ndarray):
         if not isinstance(buf, np.ndarray):   # a cupy array: this MPI cannot read device memory
@@ -124,7 +185,9 @@ class MPITransport(Transport):
         return [buf, self._byte]
 
     def isend(self, buf, peer, tag):
-        return MPIRequest(self.comm.Isend(self._bytes(buf), dest=peer, tag=tag), self)
+        request = MPIRequest(self.comm.Isend(self._bytes(buf), dest=peer, tag=tag), self)
+        self.sent[peer] += 1
+        return request
 
     def irecv(self, buf, peer, tag):
         return MPIRecvRequest(self.comm.Irecv(self._bytes(buf), source=peer, tag=tag), self, buf.nbytes, peer)
@@ -144,7 +207,7 @@ class MPITransport(Transport):
         from mpi4py import MPI
         position = members.index(self.rank) if members is not None else 0
         sub = new_communicator(lambda: self.comm.Split(MPI.UNDEFINED if members is None else color, position))
-        return None if members is None else MPITransport(sub)
+        return None if members is None else MPITransport(sub, own=True)
 
     def group(self, members, context):
         """MPI_Comm_create_group: collective over ``members`` only; ``context`` (the same on every
@@ -156,7 +219,12 @@ class MPITransport(Transport):
         finally:
             chosen.Free()
             whole.Free()
-        return MPITransport(sub)
+        return MPITransport(sub, own=True)
+
+    def retire(self) -> None:
+        if self.own:
+            self.own = False
+            retire_communicator(self.comm, self.sent, self.received)
 
     def aborted_reason(self) -> Optional[str]:
         return self._aborted

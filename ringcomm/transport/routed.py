@@ -281,6 +281,10 @@ class RoutedTransport(Transport):
             self._own_seed = False
             free_communicator(self.seed.comm)
 
+    def retire(self) -> None:
+        for t in self.transports:
+            t.retire()
+
     def close(self) -> None:
         for t in self.transports + ([self._device] if self._device else []):
             t.close()
