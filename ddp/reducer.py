@@ -519,7 +519,6 @@ def _watch(q: queue.Queue, finish_t: dict) -> None:
             if item is None:
                 return
             b, fut = item
-            item = None
             fut.wait_comm()
             finish_t[b] = time.perf_counter()
         except BaseException:   # _finalize's own wait reports the failure

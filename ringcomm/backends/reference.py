@@ -43,7 +43,7 @@ class ReferenceCommunicator(Communicator):
         # MPI's partial or stale buffers as results, and killed the job with SIGABRT inside
         # gloo. So every collective starts with the ranks' fingerprints and splits compared
         # (``_preflight``): MismatchError on every rank instead.
-        self._check_fields = self._preflight_on = True
+        self._preflight_on = True
 
     def _check_algorithm(self, call, algorithm) -> Optional[str]:
         self._check_supported(call)
