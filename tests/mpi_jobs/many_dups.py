@@ -26,6 +26,7 @@ rank 0; exits 1 otherwise.
 import os
 import re
 import sys
+import time
 
 import numpy as np
 
@@ -58,8 +59,11 @@ if mode == "closed":
     mpi_transport.free_communicator = lambda comm: (freed.append(1), free(comm))
     for _ in range(rounds):
         one_round().close()
-    world.barrier()   # every member has closed the last dup: its exchange is done
-    mpi_transport.collect_retired()
+    world.barrier()   # every member has closed the last dup and posted its exchange
+    deadline = time.monotonic() + 10
+    while len(freed) < rounds and time.monotonic() < deadline:   # its last step may want more progress
+        mpi_transport.collect_retired()
+        time.sleep(0.001)
     grown = len(os.listdir("/proc/self/fd")) - descriptors
     if grown > 8:
         problems.append(f"{grown} more open descriptors after {rounds} dups, each closed")
