@@ -42,9 +42,10 @@ ALGORITHMS = 8                 # schedule algorithms a collective may have (0..7
 ALGORITHM_MASK = (ALGORITHMS - 1) << ALGORITHM_SHIFT
 COUNT_MOD = 32
 USER_TAG_LIMIT = 1 << 23       # send/recv tags are 0 .. USER_TAG_LIMIT - 1
-# Leads a member's row in the exchange of a sub-communicator's close() on the reference backends
-# (transport/mpi.py retire_communicator). A peer still in a collective that this rank never
-# entered pairs its pre-flight row with that exchange, and its MismatchError names the call so.
+# Leads a member's row in the exchange that gives a closed sub-communicator's MPI communicator
+# back (transport/mpi.py retire_communicator). On a reference backend a peer still in a
+# collective this rank never entered pairs its pre-flight row with that exchange, and its
+# MismatchError names the call so.
 CLOSE_CODE = 0x52_45_54_49_52_45_44
 STAMP_COUNT_SHIFT = 32         # a one-shot window stamp: the exact count above the 29-bit tag
 # ... and between the two (bits 29-31), which window algorithm posted it: one_shot and direct
