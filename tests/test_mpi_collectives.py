@@ -92,11 +92,11 @@ def test_a_collective_nobody_joins_times_out_on_every_backend(tmp_path):
 
 @pytest.mark.mpi
 def test_ranks_that_disagree_raise_mismatch_on_every_rank_of_a_reference_backend(tmp_path):
-    """count, root, dtype, op, kind, uneven counts and all_to_all splits, rank 2 of 3 differing:
-    MPI returned partial or stale buffers as results, gloo killed the job with SIGABRT
-    (mpi_jobs/reference_mismatch.py)."""
+    """count, root, dtype, op, kind, uneven counts and all_to_all splits, rank 2 of 3 differing,
+    and all_to_all splits alike on every rank that cannot pair up: MPI returned partial or stale
+    buffers as results, gloo killed the job with SIGABRT (mpi_jobs/reference_mismatch.py)."""
     report = report_of(tmp_path, 3, "reference_mismatch.py", "--backends", "mpi,gloo")
-    assert report["checks"] == 3 * 2 * 18
+    assert report["checks"] == 3 * 2 * 19
 
 
 def _cuda_reason():

@@ -51,6 +51,13 @@ def cases(r: int, n: int) -> dict:
         out = w(np.zeros(sum(outs), f32))
         comm.all_to_all(out, ones(3), out_splits=outs, in_splits=ins)
 
+    def a2a_alike(comm):
+        # every rank passes the same splits, which cannot all hold: rank 0 sends rank 1 two
+        # elements and rank 1 expects one from it (on backend mpi this once returned rank 0's
+        # output with an element never written; gloo aborted)
+        out = w(np.zeros(1 + 2 + 3, f32))
+        comm.all_to_all(out, ones(6), out_splits=[1, 2, 3], in_splits=[1, 2, 3])
+
     def ag_uneven(comm):
         counts = uneven_counts()
         out = w(np.zeros(6, f32))
@@ -112,6 +119,7 @@ def cases(r: int, n: int) -> dict:
     table.update({f"root/{name}": ("root", rooted(name)) for name in ("broadcast", "reduce", "gather", "scatter")})
     table.update({"dtype": ("dtype", dtype), "op": ("op", op), "kind": ("collective", kind),
                   "splits/all_to_all": ("rank 0 sends 1 elements to rank 2, which expects 2", a2a),
+                  "alike splits/all_to_all": ("rank 0 sends 2 elements to rank 1, which expects 1", a2a_alike),
                   "counts/all_gather": ("counts", ag_uneven), "counts/reduce_scatter": ("counts", rs_uneven)})
     return table
 
