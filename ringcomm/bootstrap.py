@@ -42,7 +42,7 @@ import numpy as np
 
 from . import env
 from .errors import CommTimeoutError, PeerAbortedError
-from .transport.mpi import new_communicator
+from .transport.mpi import Ledger, new_communicator
 from .transport.polling import wait_polling
 
 try:
@@ -81,15 +81,16 @@ class Bootstrap:
                 f"calls it, or is stopped, holds up the others")
         self.comm = comm
         self.rank = comm.Get_rank()
+        self.ledger = Ledger(comm, self.size)   # shared with the transports over comm: init.py retires it
 
     def allgather(self, value: Any, what: str) -> list:
         """Every rank's ``value`` (picklable), in rank order; CommTimeoutError naming the ranks
         never heard from. ``what``: the exchange, in the error's words."""
-        MPI, comm = self._MPI, self.comm
+        MPI = self._MPI
         self.count += 1
         tag = self.count
         payload = bytearray(pickle.dumps(value))
-        sends = [comm.Isend([payload, MPI.BYTE], dest=peer, tag=tag) for peer in range(self.size) if peer != self.rank]
+        sends = [self._isend(payload, peer, tag) for peer in range(self.size) if peer != self.rank]
         got: dict = {self.rank: value}
         status = MPI.Status()
 
@@ -119,7 +120,12 @@ class Bootstrap:
             return None
         source, data = status.Get_source(), bytearray(status.Get_count(MPI.BYTE))
         self.comm.Recv([data, MPI.BYTE], source=source, tag=tag)
+        self.ledger.received[source] += 1
         return source, data
+
+    def _isend(self, data: bytearray, peer: int, tag: int):
+        self.ledger.sent[peer] += 1
+        return self.comm.Isend([data, self._MPI.BYTE], dest=peer, tag=tag)
 
     def _abort(self, why: str) -> None:
         """Tell every peer why this rank gives up. Small messages complete once MPI has copied them
@@ -127,8 +133,7 @@ class Bootstrap:
         a late peer looked, after this rank had left."""
         MPI = self._MPI
         text = bytearray(why.encode())
-        sends = [self.comm.Isend([text, MPI.BYTE], dest=peer, tag=ABORT_TAG)
-                 for peer in range(self.size) if peer != self.rank]
+        sends = [self._isend(text, peer, ABORT_TAG) for peer in range(self.size) if peer != self.rank]
         if not wait_polling(lambda: MPI.Request.Testall(sends), NOTICE_WAIT):
             _notices.extend([text, *sends])   # MPI may still read the buffer
 

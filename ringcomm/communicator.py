@@ -233,17 +233,18 @@ class Communicator(PointToPoint, SubCommunicators):
         close_device = getattr(self.transport, "close_device", None)
         if close_device is not None:
             close_device()
+        clean = self._broken is None and not self.engine.outstanding
         leave = getattr(self.transport, "leave", None)
         if self.context and leave is not None:   # a sub-communicator: what it never received must not hold shared rings
             leave()
-            if self._broken is None and not self.engine.outstanding:
+            if clean:
                 self.transport.retire()   # its own MPI communicator, if any, once every member has closed it
         with self.engine.state:
             held, self._holding = self._holding, False
             # Plans made here hold windows and buffers of the transport: let them go with it.
             self._plans, self._fast, self._p2p = {}, FastCalls(), PreparedP2P()
         if held:
-            self.holders.leave()
+            self.holders.leave(clean)
 
     def _allow_thread(self, thread: threading.Thread, allow: bool = True) -> None:
         """Let ``thread`` call on behalf of whichever thread has calls in flight (integrations

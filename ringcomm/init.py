@@ -98,15 +98,21 @@ def init(backend: Optional[str] = None, *, timeout: Optional[float] = None) -> C
         polling.set_ranks_here(ranks_here)
         world = boot.comm
         if backend != "ringcomm":
-            return communicator_class(backend)(world, topology, timeout=timeout)
+            comm = communicator_class(backend)(world, topology, timeout=timeout)
+            comm.transport.ledger.merge(boot.ledger)   # init's exchanges ran over the same communicator
+            comm.holders.on_clean_release(comm.transport.ledger.retire)
+            return comm
         from .transport import factory
-        transport = factory.build(world, topology, timeout, hosts=hosts)
+        transport = factory.build(world, topology, timeout, hosts=hosts, ledger=boot.ledger)
         comm = Communicator(transport, timeout=timeout,
                             local_rank=topology.local_rank, local_size=topology.local_size,
                             node_count=topology.node_count, topology=topology)
-        # The world's MPI communicators stay: messages may be in flight to them (transport/mpi.py
-        # new_communicator); the node's segments go.
+        # Once the world and its sub-communicators have closed, the node's segments go, and where
+        # each closed cleanly its MPI communicators go back to MPI, if nothing sent on them is
+        # left unreceived (transport/mpi.py retire_communicator).
         comm.holders.on_release(transport.forget)
+        node = getattr(transport, "node", None)
+        comm.holders.on_clean_release(boot.ledger.retire, *([node.ledger.retire] if node is not None else []))
         agreed.apply(comm.selector)
         _direct_reads_from(comm, comm.selector.tuning)
         return comm

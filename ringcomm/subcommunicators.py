@@ -38,24 +38,35 @@ if TYPE_CHECKING:
 class Holders:
     """The world communicator and its live sub-communicators, which share the world's transports:
     when the last of them closes, ``on_release``'s calls let go what init made for them (the
-    node's shared memory, gloo's group and store)."""
+    node's shared memory, gloo's group and store), and where every one of them closed cleanly
+    (nothing failed, nothing in flight) ``on_clean_release``'s too (the world's MPI
+    communicators: transport/mpi.py retire_communicator)."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._count = 1   # the world's hold
         self._release: list = []
+        self._clean_release: list = []
+        self._clean = True
 
     def on_release(self, *calls) -> None:
         self._release.extend(calls)
+
+    def on_clean_release(self, *calls) -> None:
+        self._clean_release.extend(calls)
 
     def join(self) -> None:
         with self._lock:
             self._count += 1
 
-    def leave(self) -> None:
+    def leave(self, clean: bool = True) -> None:
         with self._lock:
             self._count -= 1
-            calls, self._release = (self._release, []) if self._count == 0 else ([], self._release)
+            self._clean = self._clean and clean
+            calls = []
+            if self._count == 0:
+                calls = self._release + (self._clean_release if self._clean else [])
+                self._release, self._clean_release = [], []
         for call in calls:
             call()
 

@@ -64,7 +64,7 @@ class CudaIpcTransport(ShmTransport):
     payload_tag = 8   # it shares the node communicator with the host shm transport
 
     def __init__(self, node_comm, ranks, *, world_rank: int, world_size: int,
-                 setup_timeout: float = 300.0, setup_aborted=None, timeout=None):
+                 setup_timeout: float = 300.0, setup_aborted=None, timeout=None, ledger=None):
         """``setup_timeout`` and ``setup_aborted()`` (a reason, or None) bound the setup, which
         runs inside the first CUDA collective (routed.py); ``timeout`` bounds later handshakes."""
         self.cupy = cupy_module()
@@ -75,7 +75,7 @@ class CudaIpcTransport(ShmTransport):
         self._setup_aborted = setup_aborted
         try:
             super().__init__(node_comm, ranks, world_rank=world_rank, world_size=world_size,
-                             setup_timeout=setup_timeout)
+                             setup_timeout=setup_timeout, ledger=ledger)
         finally:
             self._setup_aborted = None
         self.node.timeout = setup_timeout if timeout is None else timeout
@@ -169,6 +169,7 @@ class CudaIpcTransport(ShmTransport):
     def _send_outside(self, req) -> None:
         """MPI here reads host memory only: bounce the payload through a host copy."""
         req.keep = self.cupy.asnumpy(req.buf.reshape(-1).view(self.cupy.uint8))
+        self.ledger.sent[req.peer] += 1
         req.mpi = self.comm.Isend(req.keep, dest=req.peer, tag=self.payload_tag)
 
     def _from_host(self, tmp):

@@ -27,17 +27,19 @@ def choice() -> str:
     return env.get("RINGCOMM_TRANSPORT")
 
 
-def build(mpi_comm, topology: Topology, timeout: float = 300.0, hosts: Optional[list] = None) -> Transport:
+def build(mpi_comm, topology: Topology, timeout: float = 300.0, hosts: Optional[list] = None,
+          ledger=None) -> Transport:
     """Collective over ``mpi_comm``: every rank calls it, with the same environment.
     ``timeout`` bounds every handshake of the transports' setup (the communicator's timeout).
     ``hosts``: every rank's hostname where the caller has gathered them already (init's bounded
-    exchange: bootstrap.py), else gathered here."""
+    exchange: bootstrap.py), else gathered here. ``ledger``: where others count their messages
+    over ``mpi_comm`` (transport/mpi.py Ledger); the node's communicator gets its own."""
     from .mpi import MPITransport, new_communicator
     from .routed import RoutedTransport
     mode = choice()
     rank, size = mpi_comm.Get_rank(), mpi_comm.Get_size()
     if mode == "mpi":
-        return MPITransport(mpi_comm)
+        return MPITransport(mpi_comm, ledger=ledger)
     # Pretend nodes (RINGCOMM_NODE_ID) split a host; a node id reused on two hosts must not
     # join them, so a shared-memory group is (topology node, real host).
     hosts = mpi_comm.allgather(socket.gethostname()) if hosts is None else hosts
@@ -55,12 +57,12 @@ def build(mpi_comm, topology: Topology, timeout: float = 300.0, hosts: Optional[
                              f"rank {rank}; use auto or mpi")
     if len(local) == 1:
         node_comm.Free()
-        return MPITransport(mpi_comm)
+        return MPITransport(mpi_comm, ledger=ledger)
     from .shm import ShmTransport
     shm = ShmTransport(node_comm, local, world_rank=rank, world_size=size, setup_timeout=timeout)
     if len(local) == size:
         return RoutedTransport(rank, size, {p: shm for p in range(size) if p != rank}, [shm], node=shm)
-    mpi = MPITransport(mpi_comm)
+    mpi = MPITransport(mpi_comm, ledger=ledger)
     routes = {p: (shm if p in shm.local else mpi) for p in range(size) if p != rank}
     return RoutedTransport(rank, size, routes, [shm, mpi], node=shm)
 

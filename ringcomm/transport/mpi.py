@@ -20,7 +20,8 @@ from ..errors import CommunicatorLimitError, MismatchError, UsageError
 from .base import Request, Transport
 from .polling import wait_polling
 
-__all__ = ["MPIRequest", "MPIRecvRequest", "MPITransport", "collect_retired", "new_communicator", "retire_communicator",
+__all__ = ["Ledger", "MPIRequest", "MPIRecvRequest", "MPITransport", "collect_retired", "new_communicator",
+           "retire_communicator",
            "wait_polling"]
 
 
@@ -47,10 +48,11 @@ def new_communicator(make, what: str = ""):
         reason = said[-1].strip() if said else str(err)
         raise CommunicatorLimitError(
             f"{prefix}MPI could not make another communicator ({reason}): every init, every split or "
-            f"dup across nodes, and every split or dup on the mpi, gloo and nccl backends until "
-            f"every member has closed it cleanly, holds one (a freed one's stale messages could reach "
-            f"its successor); make fewer, reusing communicators, and close() splits and dups once "
-            f"done with them") from err
+            f"dup across nodes, and every split or dup on the mpi, gloo and nccl backends holds one "
+            f"until every member has closed it (an init: with its sub-communicators) cleanly and "
+            f"nothing sent on it is left unreceived (a freed one's stale messages could reach its "
+            f"successor); make fewer, reusing communicators, and close() inits, splits and dups "
+            f"once done with them") from err
 
 
 _retiring: list = []   # (communicator, its exchange's request, the buffers MPI writes)
@@ -80,6 +82,33 @@ def retire_communicator(comm, sent: list, received: list) -> None:
     with _retiring_lock:
         _retiring.append((comm, request, row, rows))
     collect_retired()
+
+
+class Ledger:
+    """The messages one MPI communicator carried point to point, counted by every user of it
+    (init's exchanges, the transports over it), for ``retire_communicator``: ``sent[j]`` to rank
+    j, counted when posted, and ``received[j]`` from j, counted when complete or when a posted
+    receive stands for it (MPI matches a posted receive in order, so no later communicator can
+    get that message, and MPI_Comm_free lets it finish)."""
+    __slots__ = ("comm", "sent", "received")
+
+    def __init__(self, comm, size: Optional[int] = None):
+        self.comm = comm
+        n = comm.Get_size() if size is None else size
+        self.sent, self.received = [0] * n, [0] * n
+
+    def merge(self, other: "Ledger") -> None:
+        """Take ``other``'s counts of the same communicator in, in place (the lists stay those
+        the users hold)."""
+        for j, (sent, received) in enumerate(zip(other.sent, other.received)):
+            self.sent[j] += sent
+            self.received[j] += received
+
+    def retire(self) -> None:
+        """``retire_communicator`` with these counts; at most once."""
+        comm, self.comm = self.comm, None
+        if comm is not None:
+            retire_communicator(comm, self.sent, self.received)
 
 
 def collect_retired() -> int:
@@ -165,16 +194,17 @@ class MPIRecvRequest(MPIRequest):
 class MPITransport(Transport):
     name = "mpi"
 
-    def __init__(self, comm, own: bool = False):
-        """``own``: ``comm`` was made for this transport (a split), and ``retire`` gives it back."""
+    def __init__(self, comm, own: bool = False, ledger: Optional[Ledger] = None):
+        """``own``: ``comm`` was made for this transport (a split), and ``retire`` gives it back.
+        ``ledger``: where the communicator's other users count their messages (init's)."""
         from mpi4py import MPI
         self.comm, self.own = comm, own
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self._aborted: Optional[str] = None
         self._byte = self.byte = MPI.BYTE
         self.new_status = MPI.Status
-        # messages sent to and received from each rank, for retire_communicator
-        self.sent, self.received = [0] * self.size, [0] * self.size
+        self.ledger = Ledger(comm, self.size) if ledger is None else ledger
+        self.sent, self.received = self.ledger.sent, self.ledger.received   # counted in the hot path
 
     def _bytes(self, buf: np.ndarray):
         if not isinstance(buf, np.ndarray):   # a cupy array: this MPI cannot read device memory
@@ -224,7 +254,7 @@ class MPITransport(Transport):
     def retire(self) -> None:
         if self.own:
             self.own = False
-            retire_communicator(self.comm, self.sent, self.received)
+            self.ledger.retire()
 
     def aborted_reason(self) -> Optional[str]:
         return self._aborted

@@ -33,10 +33,12 @@ from .mpi import free_communicator, new_communicator
 
 class DeviceSeed(NamedTuple):
     """What creating a CUDA IPC transport needs: an MPI communicator of exactly the ranks of this
-    transport on this node, their ranks (this transport's numbering), the handshake timeout."""
+    transport on this node, their ranks (this transport's numbering), the handshake timeout, and
+    where messages over ``comm`` are counted when the node's host transport shares it."""
     comm: object
     ranks: list
     timeout: float
+    ledger: object = None
 
 
 class RoutedTransport(Transport):
@@ -52,7 +54,7 @@ class RoutedTransport(Transport):
         self.transports = transports
         self.node = node
         if seed is None and node is not None:
-            seed = DeviceSeed(node.comm, node.ranks, node.setup_timeout)
+            seed = DeviceSeed(node.comm, node.ranks, node.setup_timeout, node.ledger)
         self.seed = seed
         self._own_seed = False   # the seed's MPI communicator was split for this transport
         self._seed_used = False  # a CUDA IPC set-up ran over it (messages may be in flight to it)
@@ -141,7 +143,7 @@ class RoutedTransport(Transport):
             self._seed_used = True
             self._device = CudaIpcTransport(seed.comm, seed.ranks, world_rank=self.rank, world_size=self.size,
                                             setup_timeout=seed.timeout if timeout is None else timeout,
-                                            setup_aborted=aborted, timeout=seed.timeout)
+                                            setup_aborted=aborted, timeout=seed.timeout, ledger=seed.ledger)
         return self._device
 
     def close_device(self) -> None:

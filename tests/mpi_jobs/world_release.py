@@ -4,8 +4,9 @@ A dup that outlives the world's close() shares the world's transports: they must
 closes too. Until round thirty-seven a world's close() kept its transports' segments mapped
 until Python's collector ran (in a 64 MiB /dev/shm the fifth init of this job found no room:
 test_split.py runs it there) and gloo's group and store (fifteen descriptors an init) until the
-process ended. MPI's own communicators stay (transport/mpi.py new_communicator says why); with
-every one of them taken, init raises CommunicatorLimitError on every rank.
+process ended. MPI's own communicators go back once every rank has closed its world cleanly
+(mpi_jobs/many_inits.py checks that); with every one of them taken, init raises
+CommunicatorLimitError on every rank.
 
     mpirun -n N python world_release.py [pretend-nodes]
 
@@ -14,6 +15,7 @@ Prints "world-release ok" on rank 0; exits 1 otherwise.
 import gc
 import os
 import sys
+import time
 
 if sys.argv[1:] == ["pretend-nodes"]:
     os.environ["RINGCOMM_NODE_ID"] = f"pretend-node-{int(os.environ.get('PMI_RANK', 0)) % 2}"
@@ -22,6 +24,7 @@ import numpy as np
 from mpi4py import MPI
 
 import ringcomm
+from ringcomm.transport import mpi as mpi_transport
 
 problems: list = []
 
@@ -55,7 +58,13 @@ for backend in ("ringcomm", "mpi", "gloo"):
     if grown > 8:   # gloo's group and store kept fifteen an init
         problems.append(f"{grown} more open descriptors after 8 inits of backend {backend}, each closed")
 
-# Every MPI communicator taken (by the program itself): init says so, on every rank.
+# Every MPI communicator taken (by the program itself): init says so, on every rank. The closed
+# inits' communicators first go back, or the next init would find them free.
+MPI.COMM_WORLD.Barrier()
+deadline = time.monotonic() + 10
+while mpi_transport._retiring and time.monotonic() < deadline:
+    mpi_transport.collect_retired()
+    time.sleep(0.001)
 taken = []
 try:
     while True:

@@ -332,6 +332,7 @@ class Messages:
             if seg == VIA_MPI:
                 tmp = np.empty(nbytes, np.uint8)
                 self._mpi_in[p][inc.key(slot)] = (self.comm.Irecv(tmp, source=p, tag=self.payload_tag), tmp)
+                self.ledger.received[p] += 1   # posted: the message can match nothing else
             if dead:
                 key = inc.key(slot)
                 if key[0] >> CONTEXT_SHIFT in dead:

@@ -32,6 +32,7 @@ from ...core import copying
 from ...diagnostics import faults
 from ...errors import CommError, PeerAbortedError, UsageError
 from ..base import Transport, WindowSlot
+from ..mpi import Ledger
 from ..polling import spin_for
 from ..window import CAPACITY, JOB_CAPACITY, Window, region_bytes, set_window_owner, window_owner, window_round
 from . import cma, pipe, segments, staging
@@ -113,7 +114,9 @@ class ShmTransport(Messages, Transport):
     _host_memory = True
 
     def __init__(self, node_comm, ranks, *, world_rank: int, world_size: int,
-                 setup_timeout: float = 300.0):
+                 setup_timeout: float = 300.0, ledger: Optional[Ledger] = None):
+        """``ledger``: where the node communicator's messages are counted (transport/mpi.py), if
+        another transport over it counts there too."""
         check_ordering()
         self.setup_timeout = setup_timeout
         self.comm = node_comm
@@ -125,6 +128,7 @@ class ShmTransport(Messages, Transport):
             raise CommError(f"shm transport: node communicator ranks {self.ranks} do not match "
                             f"world rank {world_rank} at node rank {self.me}")
         self.others = [p for p in range(self.n) if p != self.me]
+        self.ledger = Ledger(node_comm, self.n) if ledger is None else ledger   # payloads over MPI
         self._lock = threading.Lock()
         self._aborted: Optional[str] = None
         self._closed = False
@@ -465,6 +469,7 @@ class ShmTransport(Messages, Transport):
 
     def _send_outside(self, req: _Send) -> None:
         """Start the MPI send of a payload over MPI (lock held)."""
+        self.ledger.sent[req.peer] += 1
         req.mpi = self.comm.Isend(_bytes(req.buf), dest=req.peer, tag=self.payload_tag)
 
     def _from_host(self, tmp: np.ndarray):

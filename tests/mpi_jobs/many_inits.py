@@ -1,0 +1,103 @@
+"""A closed init gives its MPI communicators back, unless something sent on them is unreceived.
+
+Every init makes MPI communicators (a duplicate of the world, and on the ringcomm backend the
+node's split when a node has several ranks). Until round forty they were held for the life of
+the process, and the 1,024th init-close round of a loop (a test suite under mpirun, a sweep
+over settings) raised CommunicatorLimitError. Now, once the world and every sub-communicator
+closed cleanly, init's communicators go back to MPI if what every rank sent every other on them
+was received (transport/mpi.py retire_communicator).
+
+    mpirun -n 2 python many_inits.py BACKEND closed|unreceived|raced N [across-nodes]
+
+closed: N init-all_reduce-close rounds, every sum checked, and every init's communicators
+freed (counted). unreceived: N rounds of an init on which rank 0 sends rank 1 a message rank 1
+never receives, closed, then an init where rank 1 receives rank 0's message with the same tag:
+it must get that one, never the stale one. raced (backends mpi and gloo; an erroneous program):
+rank 1 closes its world while rank 0 calls all_reduce on it, whose pre-flight allgather pairs
+with rank 1's close exchange: rank 0 must raise MismatchError naming close(), and nothing is
+freed. across-nodes: each rank claims a node of its own.
+Prints "many-inits ok" on rank 0; exits 1 otherwise.
+"""
+import os
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import ringcomm
+from ringcomm.transport import mpi as mpi_transport
+
+backend, mode, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
+across = sys.argv[4:] == ["across-nodes"]
+if across:
+    os.environ["RINGCOMM_NODE_ID"] = f"pretend-node-{os.environ.get('PMI_RANK', 0)}"
+rank = MPI.COMM_WORLD.Get_rank()
+problems: list = []
+freed: list = []
+free = mpi_transport.free_communicator
+mpi_transport.free_communicator = lambda comm: (freed.append(1), free(comm))
+
+
+def settle() -> None:
+    """Every rank has posted its close exchanges: let them finish and be collected."""
+    MPI.COMM_WORLD.Barrier()
+    deadline = time.monotonic() + 10
+    while mpi_transport._retiring and time.monotonic() < deadline:
+        mpi_transport.collect_retired()
+        time.sleep(0.001)
+
+
+if mode == "closed":
+    for _ in range(rounds):
+        comm = ringcomm.init(backend, timeout=30)
+        x = np.full(64, comm.rank + 1.0, np.float32)
+        comm.all_reduce(x)
+        if not (x == comm.size * (comm.size + 1) / 2).all():
+            problems.append(f"a sum is {x[0]}")
+        comm.close()
+    settle()
+    # the world's duplicate, and on backend ringcomm the node's split where the node has two ranks
+    each = 2 if backend == "ringcomm" and not across else 1
+    if len(freed) != each * rounds:
+        problems.append(f"{len(freed)} MPI communicators freed after {rounds} closed inits, not {each * rounds}")
+elif mode == "raced":
+    for _ in range(rounds):
+        comm = ringcomm.init(backend, timeout=30)
+        if rank == 1:
+            comm.close()
+        else:
+            try:
+                comm.all_reduce(np.ones(4, np.float32))
+                problems.append("rank 0's all_reduce returned while rank 1 closed")
+            except ringcomm.MismatchError as err:
+                if not str(err).endswith("ranks disagree: collective: ranks [0] have all_reduce; ranks [1] have close()"):
+                    problems.append(f"rank 0's error reads: {err}")
+            comm.close()
+    settle()
+    if freed:
+        problems.append(f"{len(freed)} MPI communicators freed after closes raced by a collective")
+else:
+    for i in range(rounds):
+        stale = ringcomm.init(backend, timeout=30)
+        if rank == 0:
+            stale.send(np.full(4, -1.0, np.float32), 1, tag=5)   # small: MPI sends it eagerly
+        stale.close()
+        fresh = ringcomm.init(backend, timeout=30)
+        if rank == 0:
+            fresh.send(np.full(4, float(i), np.float32), 1, tag=5)
+        elif rank == 1:
+            got = np.zeros(4, np.float32)
+            fresh.recv(got, 0, tag=5)
+            if not (got == i).all():
+                problems.append(f"round {i}: rank 1 received {got[0]} from a fresh init, not {i}")
+        fresh.close()
+    settle()
+    if len(freed) != rounds:   # each fresh init's duplicate; no stale one
+        problems.append(f"{len(freed)} MPI communicators freed, not the {rounds} fresh inits' duplicates")
+if problems:
+    print(f"rank {rank}: {problems}", flush=True)
+    sys.exit(1)
+MPI.COMM_WORLD.Barrier()
+if rank == 0:
+    print("many-inits ok", flush=True)
