@@ -7,10 +7,13 @@ over settings) raised CommunicatorLimitError. Now, once the world and every sub-
 closed cleanly, init's communicators go back to MPI if what every rank sent every other on them
 was received (transport/mpi.py retire_communicator).
 
-    mpirun -n 2 python many_inits.py BACKEND closed|unreceived|raced N [across-nodes]
+    mpirun -n 2 python many_inits.py BACKEND closed|overflow|unreceived|raced N [across-nodes]
 
 closed: N init-all_reduce-close rounds, every sum checked, and every init's communicators
-freed (counted). unreceived: N rounds of an init on which rank 0 sends rank 1 a message rank 1
+freed (counted). overflow (backend ringcomm within a node, RINGCOMM_SHM_CMA=0): as closed, with
+24 sends from rank 0 under distinct tags before rank 1 receives them, in reverse, so that the
+staging pool overflows and payloads travel over the node's MPI communicator, which must still
+go back (its ledger counts them). unreceived: N rounds of an init on which rank 0 sends rank 1 a message rank 1
 never receives, closed, then an init where rank 1 receives rank 0's message with the same tag:
 it must get that one, never the stale one. raced (backends mpi and gloo; an erroneous program):
 rank 1 closes its world while rank 0 calls all_reduce on it, whose pre-flight allgather pairs
@@ -48,9 +51,34 @@ def settle() -> None:
         time.sleep(0.001)
 
 
-if mode == "closed":
+over_mpi: list = []
+if mode == "overflow":
+    from ringcomm.transport.shm.transport import ShmTransport
+    send_outside = ShmTransport._send_outside
+    ShmTransport._send_outside = lambda self, req: (over_mpi.append(1), send_outside(self, req))
+
+
+def overflow(comm) -> None:
+    n = 64 << 10
+    if comm.rank == 0:
+        sends = [comm.send(np.full(n, float(t), np.float32), 1, tag=100 + t, async_op=True) for t in range(24)]
+        comm.barrier()
+        for work in sends:
+            work.wait()
+    else:
+        comm.barrier()
+        for t in reversed(range(24)):
+            got = np.zeros(n, np.float32)
+            comm.recv(got, 0, tag=100 + t)
+            if not (got == t).all():
+                problems.append(f"rank 1 received {got[0]} under tag {100 + t}")
+
+
+if mode in ("closed", "overflow"):
     for _ in range(rounds):
         comm = ringcomm.init(backend, timeout=30)
+        if mode == "overflow":
+            overflow(comm)
         x = np.full(64, comm.rank + 1.0, np.float32)
         comm.all_reduce(x)
         if not (x == comm.size * (comm.size + 1) / 2).all():
@@ -61,6 +89,8 @@ if mode == "closed":
     each = 2 if backend == "ringcomm" and not across else 1
     if len(freed) != each * rounds:
         problems.append(f"{len(freed)} MPI communicators freed after {rounds} closed inits, not {each * rounds}")
+    if mode == "overflow" and rank == 0 and not over_mpi:
+        problems.append("no payload went over the node's MPI communicator")
 elif mode == "raced":
     for _ in range(rounds):
         comm = ringcomm.init(backend, timeout=30)
