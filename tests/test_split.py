@@ -280,7 +280,7 @@ def test_closed_dups_give_back_what_they_can_and_running_out_of_mpis_communicato
 @pytest.mark.parametrize("backend, mode, rounds, where", [
     ("ringcomm", "closed", 60, ""), ("ringcomm", "closed", 60, "across-nodes"), ("mpi", "closed", 60, ""),
     ("gloo", "closed", 6, ""), ("mpi", "unreceived", 20, ""), ("ringcomm", "unreceived", 20, "across-nodes"),
-    ("mpi", "raced", 3, ""), ("gloo", "raced", 2, ""), ("ringcomm", "overflow", 10, "")])
+    ("mpi", "raced", 3, ""), ("gloo", "raced", 2, ""), ("ringcomm", "raced", 3, ""), ("ringcomm", "overflow", 10, "")])
 def test_closed_inits_give_their_mpi_communicators_back_unless_a_message_is_unreceived(backend, mode, rounds, where):
     """Before round forty every init held its MPI communicators for the life of the process, and
     the 1,024th init-close round of a loop raised CommunicatorLimitError (mpi_jobs/many_inits.py)."""

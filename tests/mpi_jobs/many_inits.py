@@ -15,9 +15,10 @@ freed (counted). overflow (backend ringcomm within a node, RINGCOMM_SHM_CMA=0): 
 staging pool overflows and payloads travel over the node's MPI communicator, which must still
 go back (its ledger counts them). unreceived: N rounds of an init on which rank 0 sends rank 1 a message rank 1
 never receives, closed, then an init where rank 1 receives rank 0's message with the same tag:
-it must get that one, never the stale one. raced (backends mpi and gloo; an erroneous program):
-rank 1 closes its world while rank 0 calls all_reduce on it, whose pre-flight allgather pairs
-with rank 1's close exchange: rank 0 must raise MismatchError naming close(), and nothing is
+it must get that one, never the stale one. raced (an erroneous program): rank 1 closes its
+world while rank 0 calls all_reduce on it (backends mpi and gloo), whose pre-flight allgather
+pairs with rank 1's close exchange, or allocates (backend ringcomm), whose handshake pairs with
+the node split's: rank 0 must raise an error naming close(), and nothing it paired with is
 freed. across-nodes: each rank claims a node of its own.
 Prints "many-inits ok" on rank 0; exits 1 otherwise.
 """
@@ -91,6 +92,22 @@ if mode in ("closed", "overflow"):
         problems.append(f"{len(freed)} MPI communicators freed after {rounds} closed inits, not {each * rounds}")
     if mode == "overflow" and rank == 0 and not over_mpi:
         problems.append("no payload went over the node's MPI communicator")
+elif mode == "raced" and backend == "ringcomm":
+    for _ in range(rounds):
+        comm = ringcomm.init(backend, timeout=30)
+        if rank == 1:
+            comm.close()
+        else:
+            try:
+                comm.transport.allocate(1 << 20)   # a handshake over the node's communicator
+                problems.append("rank 0's allocate returned while rank 1 closed")
+            except ringcomm.CommError as err:
+                if "rank 1 has closed its communicator (close()) while this rank is in #" not in str(err):
+                    problems.append(f"rank 0's error reads: {err}")
+            comm.close()
+    settle()
+    if len(freed) != rounds:   # the world's duplicates; the node's splits carried the mismatch
+        problems.append(f"{len(freed)} MPI communicators freed after {rounds} closes raced by an allocate")
 elif mode == "raced":
     for _ in range(rounds):
         comm = ringcomm.init(backend, timeout=30)

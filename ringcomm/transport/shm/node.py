@@ -15,6 +15,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
+from ...core.envelope import CLOSE_CODE
 from ...errors import CommError, CommTimeoutError
 from ..polling import wait_polling
 
@@ -55,10 +56,14 @@ class Node:
         odd = [i for i in range(self.n) if tuple(every[i, :2]) != (mine[0], mine[1])]
         if odd:
             i = odd[0]
-            theirs = KINDS[every[i, 0]] if 0 <= every[i, 0] < len(KINDS) else f"kind {every[i, 0]}"
-            self.broken = CommError(f"shm transport on rank {self.rank}: rank {self.ranks[i]} is in "
-                                    f"handshake #{every[i, 1]} ({theirs}) while this rank is in "
-                                    f"#{self.count} ({kind}): the ranks of a node must allocate alike")
+            if every[i, 0] == CLOSE_CODE:   # its world's close gives the node's communicator back
+                where = "has closed its communicator (close())"
+            else:
+                theirs = KINDS[every[i, 0]] if 0 <= every[i, 0] < len(KINDS) else f"kind {every[i, 0]}"
+                where = f"is in handshake #{every[i, 1]} ({theirs})"
+            self.broken = CommError(f"shm transport on rank {self.rank}: rank {self.ranks[i]} {where} while "
+                                    f"this rank is in #{self.count} ({kind}): the ranks of a node must "
+                                    f"allocate alike")
             raise self.broken
         return every[:, 2:]
 
