@@ -26,13 +26,13 @@ rank 0; exits 1 otherwise.
 import os
 import re
 import sys
-import time
 
 import numpy as np
 
 import ringcomm
 from ringcomm import CommunicatorLimitError
 from ringcomm.transport import mpi as mpi_transport
+import retiring
 
 backend, mode, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
 across = sys.argv[4:] == ["across-nodes"]
@@ -64,10 +64,7 @@ if mode == "closed":
         problems.append(f"{grown} more open descriptors after {rounds} dups, each closed")
     if backend != "ringcomm" or across:   # each dup made an MPI communicator
         world.barrier()   # every member has closed the last dup and posted its exchange
-        deadline = time.monotonic() + 10
-        while len(freed) < rounds and time.monotonic() < deadline:   # which may want more progress
-            mpi_transport.collect_retired()
-            time.sleep(0.001)
+        retiring.collect(lambda: len(freed) >= rounds)
         if len(freed) < rounds:
             problems.append(f"{len(freed)} of {rounds} closed dups' MPI communicators freed")
 elif mode == "unreceived":

@@ -25,13 +25,13 @@ Prints "many-inits ok" on rank 0; exits 1 otherwise.
 import os
 import re
 import sys
-import time
 
 import numpy as np
 from mpi4py import MPI
 
 import ringcomm
 from ringcomm.transport import mpi as mpi_transport
+import retiring
 
 backend, mode, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
 across = sys.argv[4:] == ["across-nodes"]
@@ -50,12 +50,8 @@ def settle(expected: int) -> None:
     An exchange whose partner met something else never finishes: waiting for the list to empty
     cost a raced job its whole 10 s."""
     MPI.COMM_WORLD.Barrier()
-    deadline = time.monotonic() + 10
-    while mpi_transport._retiring and time.monotonic() < deadline:
-        mpi_transport.collect_retired()
-        if len(freed) >= expected:
-            deadline = min(deadline, time.monotonic() + 0.5)
-        time.sleep(0.001)
+    retiring.collect(lambda: len(freed) >= expected)
+    retiring.collect(lambda: False, limit=0.5)
 
 
 over_mpi: list = []
