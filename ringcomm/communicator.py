@@ -228,8 +228,14 @@ class Communicator(PointToPoint, SubCommunicators):
     def close(self) -> None:
         """No further calls (they raise at once); calls already issued finish first. Device
         memory of the CUDA IPC transport is released (with every rank of the node that closes)."""
-        self._closed = True
-        self.engine.close(timeout=(self.timeout or DEFAULT_TIMEOUT) + 5)
+        with self.engine.state:   # a call checks it under state, so none starts after this
+            self._closed = True
+        wait = (self.timeout or DEFAULT_TIMEOUT) + 5
+        if not self.engine.close(timeout=wait):
+            owner = self.engine.owner
+            raise CommTimeoutError(f"close on rank {self.rank}: a call from thread "
+                                   f"{owner.name if owner else '?'!r} still runs after {wait:g} s; the "
+                                   f"transport stays open under it (close again once it returns)")
         close_device = getattr(self.transport, "close_device", None)
         if close_device is not None:
             close_device()
@@ -577,16 +583,20 @@ class Communicator(PointToPoint, SubCommunicators):
 
     def _with_reason(self, err: PeerAbortedError, what: str) -> PeerAbortedError:
         """A transport that saw a peer give up (a flag in shared memory, a released wait) knows
-        only that it did; the peer's abort notice says why. Read it, if it came."""
+        only that it did; the peer's abort notice says why. Read it, if it came. Without one,
+        the error still names the call (``what``: "all_reduce #7 on rank 1")."""
         if " gave up: " in str(err):
             return err
+        named = err if str(err).startswith(what.split(" on rank ")[0]) else PeerAbortedError(f"{what}: {err}")
+        if named is not err:
+            named.__cause__ = err
         try:
             notice = self.transport.probe(None, ABORT_TAG)
             if notice is None:
-                return err
+                return named
             better = PeerAbortedError(f"{what}: {executor.read_notice(self.transport, notice)}")
         except CommError:
-            return err
+            return named
         better.__cause__ = err
         return better
 

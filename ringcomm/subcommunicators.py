@@ -65,7 +65,10 @@ class Holders:
             self._clean = self._clean and clean
             calls = []
             if self._count == 0:
-                calls = self._release + (self._clean_release if self._clean else [])
+                # The retirement first: it posts its exchange and waits for nobody, and a peer
+                # stuck in a collective this rank left learns from it that this rank closed
+                # (its MismatchError) before gloo's release waits for that peer to exit.
+                calls = (self._clean_release if self._clean else []) + self._release
                 self._release, self._clean_release = [], []
         for call in calls:
             call()

@@ -268,3 +268,12 @@ def test_a_rank_late_to_inits_last_exchange_ends_the_job_instead_of_waiting_alon
             proc.stderr[-3000:]
         assert proc.returncode != 0
     assert took < 30, took
+
+
+@pytest.mark.mpi
+def test_a_rank_that_closes_while_its_peer_still_calls_fails_that_call_fast_naming_the_close():
+    """Each rank's worker thread loops over all_reduce while its main thread closes the world
+    (rank 0 first): close waits for the call in flight, and rank 1's next call raises within
+    seconds naming rank 0's close, on every backend (mpi_jobs/close_in_flight.py)."""
+    proc = run_mpi(2, "close_in_flight.py", "ringcomm", "mpi", "gloo", timeout=120)
+    assert "close-in-flight ok" in proc.stdout, proc.stdout + proc.stderr

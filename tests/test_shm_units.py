@@ -120,3 +120,18 @@ def test_a_window_polls_briefly_where_the_machine_holds_more_ranks_than_its_node
     assert polling.spin_for(2) == polling.SPIN_SHARED
     polling.set_ranks_here(2)
     assert polling.spin_for(2) == polling.SPIN_DEDICATED and polling.spin_for(3) == polling.SPIN_SHARED
+
+
+def test_a_wait_whose_peer_left_right_after_posting_returns_what_it_posted():
+    """A peer may post its last round and close at once; a waiter that tested just before the
+    post and then sees the peer closed must take the post, not raise (polling.wait_polling)."""
+    from ringcomm import PeerAbortedError
+    from ringcomm.transport.polling import wait_polling
+    posted = []
+
+    def left():   # the peer posts between this rank's test and its look at the peer's flags
+        posted.append(True)
+        return "rank 1 has closed its communicator (close())"
+    assert wait_polling(lambda: bool(posted), 5, left, spin=0)
+    with pytest.raises(PeerAbortedError, match="has closed"):
+        wait_polling(lambda: False, 5, left, spin=0)

@@ -245,14 +245,27 @@ class Engine:
             self.done()
         self.pending.clear()
 
-    def close(self, timeout: float) -> None:
-        """No new calls; let queued ones finish (each bounded by its own deadline)."""
+    def close(self, timeout: float) -> bool:
+        """No new calls; let queued ones finish (each bounded by its own deadline), and a call
+        running inline in another thread too: the transport goes away after this, and a call
+        still reading its shared memory would fail on a torn-down ring, or fault on unmapped
+        pages. False if something still runs after ``timeout`` seconds."""
+        end = time.monotonic() + timeout
+        me = threading.current_thread()
         with self.state:
             self.closed = True
             self.wake.notify_all()
         thread = self.thread
-        if thread is not None and thread is not threading.current_thread():
+        if thread is not None and thread is not me:
             thread.join(timeout=timeout)
+            if thread.is_alive():
+                return False
+        if me is self.inline or me is thread:   # closed from inside a call: that call holds exec
+            return True
+        if not self.exec.acquire(timeout=max(0.0, end - time.monotonic())):
+            return False
+        self.exec.release()
+        return True
 
 
 def deadline_of(timeout: Optional[float]) -> Optional[float]:

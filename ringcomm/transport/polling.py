@@ -73,6 +73,8 @@ def wait_polling(test, timeout: Optional[float], aborted=lambda: None, spin: Opt
         if now >= spin_until:
             reason = aborted()
             if reason is not None:
+                if test():   # what it waits for came before the peer left (a peer's last post, then its close)
+                    return True
                 raise PeerAbortedError(reason)
             if deadline is not None and now >= deadline:
                 return False

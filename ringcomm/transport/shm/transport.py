@@ -44,7 +44,7 @@ from .segments import Segment, address, align
 
 _log = logging.getLogger("ringcomm.shm")
 
-ABORT, PID, PROBE_ADDR, PROBE_VALUE, HANDSHAKES = range(5)   # control header words
+ABORT, PID, PROBE_ADDR, PROBE_VALUE, HANDSHAKES, CLOSED = range(6)   # control header words
 HEADER_BYTES = 64
 WINDOW_SLOTS = 8          # one-shot window regions per rank (slot 0: ``transport.window``)
 _BY_NAME = object()       # _create_once: peers could not open segments by descriptor
@@ -504,8 +504,12 @@ class ShmTransport(Messages, Transport):
     def aborted_reason(self, peer: Optional[int] = None) -> Optional[str]:
         if self._aborted is not None:
             return self._aborted
-        if peer is not None and self.peer_header[peer][ABORT]:
-            return f"rank {self.ranks[peer]} aborted its {self.name} transport"
+        if peer is not None:
+            header = self.peer_header[peer]
+            if header[ABORT]:
+                return f"rank {self.ranks[peer]} aborted its {self.name} transport"
+            if header[CLOSED]:   # it will post nothing more: waiting out the timeout tells nobody more
+                return f"rank {self.ranks[peer]} has closed its communicator (close())"
         return None
 
     def abort(self, reason: BaseException) -> None:
@@ -518,6 +522,8 @@ class ShmTransport(Messages, Transport):
             if self._closed:
                 return
             self._closed = True
+            if self.header is not None:
+                self.header[CLOSED] = 1
             _UNREAD.extend(req.buf for held in self._inflight for req in held if req.seg in (CMA, BLOCK))
             for req in self._pipes:   # never filled again: its buffer may go
                 pipe.retire(req.pipe)
