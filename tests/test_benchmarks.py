@@ -322,3 +322,36 @@ def test_ddp_scaling_refuses_garbage_arguments_naming_them(argv, argument):
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ddp_scaling.py"), *argv], capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 2 and argument in proc.stderr, proc.stderr
+
+
+def test_round_summary_reads_each_launch_and_states_ratios_against_the_same_launchs_mpi(tmp_path):
+    """benchmarks/round.sh's rows become docs/performance.md's figures (round_summary.py):
+    ringcomm's time over MPI's from the same launch and command, the floor, DDP's speed-up."""
+    import subprocess
+    import round_summary
+
+    def row(collective, size, backend, algorithm, us):
+        return {"collective": collective, "size": size, "backend": backend, "algorithm": algorithm, "time_us": us}
+    for launch, mpi in (("L1", 10.0), ("L2", 20.0)):
+        folder = tmp_path / launch
+        folder.mkdir()
+        rows = [row("all_reduce", 1024, "mpi4py", "native", mpi), row("all_reduce", 1024, "ringcomm", "auto", 7.0),
+                row("all_reduce", 1024, "ringcomm[torch]", "auto", 8.0),
+                row("all_reduce", 64 << 20, "floor", "x+=y", 1000.0), row("all_reduce", 64 << 20, "ringcomm", "auto", 1300.0),
+                row("all_reduce", 64 << 20, "mpi4py", "native", 5000.0)]
+        (folder / "allreduce.json").write_text(json.dumps({"meta": {"utc": "2026-12-06T10:00:00Z", "loadavg": [1.5]},
+                                                           "rows": rows}))
+        (folder / "a2a_sr.json").write_text(json.dumps({"rows": [row("sendrecv", 1 << 20, "mpi4py", "native", 100.0),
+                                                                 row("sendrecv", 1 << 20, "ringcomm", "auto", 150.0)]}))
+        results = [{"impl": i, "ranks": 2, "step_s": s, "samples_per_s": 64 / s} for i, s in (("ringcomm", 0.04), ("torch", 0.06))]
+        (folder / "ddp_mlp.json").write_text(json.dumps({"results": results}))
+    table = round_summary.figures(round_summary.Launch(tmp_path / "L2"))
+    assert table["1 KiB all_reduce / MPI (auto), numpy / torch"] == "0.35x / 0.40x"
+    assert table["64 MiB all_reduce / x+=y floor, numpy / torch / empty"] == "1.30x / - / -"
+    assert table["1M sendrecv / MPI (its own command), numpy / torch / empty"] == "1.50x / - / -"
+    assert table["DDP MLP: ringcomm / torch-on-gloo samples/s (step ms: ringcomm, torch, torch on 'ringcomm')"] == \
+        "1.50x (40.0, 60.0)"
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "round_summary.py"), str(tmp_path)],
+                         capture_output=True, text=True, check=True).stdout
+    assert "| 1 KiB all_reduce / MPI (auto), numpy / torch | 0.70x / 0.80x | 0.35x / 0.40x |" in out
+    assert subprocess.run(["bash", "-n", str(ROOT / "benchmarks" / "round.sh")]).returncode == 0
