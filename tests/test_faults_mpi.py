@@ -277,3 +277,13 @@ def test_a_rank_that_closes_while_its_peer_still_calls_fails_that_call_fast_nami
     seconds naming rank 0's close, on every backend (mpi_jobs/close_in_flight.py)."""
     proc = run_mpi(2, "close_in_flight.py", "ringcomm", "mpi", "gloo", timeout=120)
     assert "close-in-flight ok" in proc.stdout, proc.stdout + proc.stderr
+
+
+@pytest.mark.mpi
+def test_sends_and_receives_nobody_matched_are_cancelled_at_close_and_every_rank_exits_cleanly():
+    """On gloo, ringcomm's thread waiting in torch's Work for an unmatched send made torch abort
+    the process at exit (SIGABRT, 'terminate called without an active exception') in most runs
+    (mpi_jobs/unreceived_at_close.py)."""
+    proc = run_mpi(2, "unreceived_at_close.py", "ringcomm", "mpi", "gloo", "gloo", timeout=120)
+    assert "unreceived-at-close ok" in proc.stdout, proc.stdout + proc.stderr
+    assert "terminate called" not in proc.stderr, proc.stderr

@@ -170,5 +170,14 @@ class C10dBackend(ReferenceCommunicator):
             if failed:
                 raise failed[0]
             return done.is_set()
-        # torch's Work cannot withdraw a receive; the group is closed with it
-        return with_deadline(test, self.timeout, work), lambda: None, not_passive
+
+        def cancel() -> None:
+            # torch's Work cannot withdraw a send or receive, and a thread left waiting in the
+            # library made torch abort the process at exit ("terminate called without an
+            # active exception": gloo, an unreceived send, then close). Closing is the group's
+            # end anyway: aborting it now lets that thread go.
+            pg = self.pg
+            if not done.is_set() and pg is not None and hasattr(pg, "abort"):
+                pg.abort()
+                done.wait(5.0)
+        return with_deadline(test, self.timeout, work), cancel, not_passive
