@@ -175,8 +175,8 @@ class _Posted:
         caller's array may change), a receive once its bytes are in."""
         try:
             return self.request.buffered() if self.sending else self.request.test()
-        except MismatchError as err:   # the transport's words, after the call's own
-            raise MismatchError(f"{self.work.description}: {err}") from None
+        except CommError as err:   # the transport's words, after the call's own
+            raise type(err)(f"{self.work.description}: {err}") from None
 
     def _unmatched(self) -> str:
         """Why a send may wait forever on a correct-looking program: its receiver reads it out of

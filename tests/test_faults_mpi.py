@@ -287,3 +287,11 @@ def test_sends_and_receives_nobody_matched_are_cancelled_at_close_and_every_rank
     proc = run_mpi(2, "unreceived_at_close.py", "ringcomm", "mpi", "gloo", "gloo", timeout=120)
     assert "unreceived-at-close ok" in proc.stdout, proc.stdout + proc.stderr
     assert "terminate called" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.mpi
+def test_a_send_withdrawn_by_its_senders_close_is_received_exact_or_fails_naming_the_close():
+    """Rank 0 closes and exits with an 8 MiB send unreceived; rank 1's receive a second later
+    named neither itself nor the close (mpi_jobs/withdrawn_send.py)."""
+    proc = run_mpi(2, "withdrawn_send.py", timeout=60)
+    assert "withdrawn-send ok" in proc.stdout, proc.stdout + proc.stderr

@@ -29,7 +29,7 @@ import mmap
 import os
 import threading
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -226,9 +226,11 @@ class PeerMemory:
     thread's placed at the remote side's page offset, and the local copy is core/_copy.h's, which
     avoids the slow distance."""
 
-    def __init__(self, rank: int, ranks: list, pids: list, copy=copying.numpy_copy, bounce: bool = True):
+    def __init__(self, rank: int, ranks: list, pids: list, copy=copying.numpy_copy, bounce: bool = True,
+                 gone: Callable[[int], Optional[str]] = lambda p: None):
         self.rank, self.ranks, self.pids, self._copy = rank, ranks, pids, copy
         self.bounce = bounce
+        self._gone = gone   # why node rank p left, if it did: a failed read names it
         self._local = threading.local()   # each thread's chunk buffer, reused: it stays in cache
 
     def pull(self, p: int, addr: int, dst: np.ndarray) -> None:
@@ -268,9 +270,10 @@ class PeerMemory:
         try:
             transfer(self.pids[p], addr, address(local), local.nbytes)
         except OSError as err:
+            why = self._gone(p)
             raise CommError(f"shm transport on rank {self.rank}: cannot {verb} {local.nbytes} bytes at "
-                            f"{addr:#x} of rank {self.ranks[p]} (pid {self.pids[p]}): "
-                            f"{errno_text(err)}") from None
+                            f"{addr:#x} of rank {self.ranks[p]} (pid {self.pids[p]}): {errno_text(err)}"
+                            + (f"; {why}, which withdraws what it sent and nobody received" if why else "")) from None
 
     def probe(self, p: int, addr: int, value: int) -> Optional[str]:
         """Why reading node rank ``p``'s token, or writing the same value back, failed; None if

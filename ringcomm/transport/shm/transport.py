@@ -171,7 +171,7 @@ class ShmTransport(Messages, Transport):
         self._cma_why: Optional[str] = None
         self._copy = copying.copier() if self._host_memory else copying.numpy_copy
         self._raw_copy = self._copy is copying.copy   # the compiled copy, for the pool's memoryviews
-        self._memory = cma.PeerMemory(self.rank, self.ranks, self._pids, self._copy)
+        self._memory = cma.PeerMemory(self.rank, self.ranks, self._pids, self._copy, gone=self.aborted_reason)
         self._blocks = PeerBuffers(self._pids)   # peers' ringcomm.empty blocks their sends lie in (BLOCK)
         sizes = [layout.bytes(self._host_pool_bytes(s)) for s in self._fallbacks(share)]
         created = self._create("created", "mapped", sizes, "setup", prepare=self._write_header,
@@ -504,8 +504,9 @@ class ShmTransport(Messages, Transport):
     def aborted_reason(self, peer: Optional[int] = None) -> Optional[str]:
         if self._aborted is not None:
             return self._aborted
-        if peer is not None:
-            header = self.peer_header[peer]
+        headers = getattr(self, "peer_header", ())   # none before set-up maps them, or once forgotten
+        if peer is not None and peer < len(headers):
+            header = headers[peer]
             if header[ABORT]:
                 return f"rank {self.ranks[peer]} aborted its {self.name} transport"
             if header[CLOSED]:   # it will post nothing more: waiting out the timeout tells nobody more
@@ -522,8 +523,9 @@ class ShmTransport(Messages, Transport):
             if self._closed:
                 return
             self._closed = True
-            if self.header is not None:
-                self.header[CLOSED] = 1
+            header = getattr(self, "header", None)   # None before set-up mapped it
+            if header is not None:
+                header[CLOSED] = 1
             _UNREAD.extend(req.buf for held in self._inflight for req in held if req.seg in (CMA, BLOCK))
             for req in self._pipes:   # never filled again: its buffer may go
                 pipe.retire(req.pipe)
