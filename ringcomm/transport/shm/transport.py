@@ -132,6 +132,10 @@ class ShmTransport(Messages, Transport):
         self._lock = threading.Lock()
         self._aborted: Optional[str] = None
         self._closed = False
+        # This rank's control header and its peers', once set-up maps them (None and [] before,
+        # and again once forgotten): a failed CMA probe during set-up asks aborted_reason.
+        self.header: Optional[np.ndarray] = None
+        self.peer_header: list = []
         self._fault = faults.armed(world_rank)
         self._sent = 0                                 # non-empty sends, for the ring fault
         self._said: set = set()                        # info messages already logged
@@ -504,9 +508,8 @@ class ShmTransport(Messages, Transport):
     def aborted_reason(self, peer: Optional[int] = None) -> Optional[str]:
         if self._aborted is not None:
             return self._aborted
-        headers = getattr(self, "peer_header", ())   # none before set-up maps them, or once forgotten
-        if peer is not None and peer < len(headers):
-            header = headers[peer]
+        if peer is not None and peer < len(self.peer_header):
+            header = self.peer_header[peer]
             if header[ABORT]:
                 return f"rank {self.ranks[peer]} aborted its {self.name} transport"
             if header[CLOSED]:   # it will post nothing more: waiting out the timeout tells nobody more
@@ -523,9 +526,8 @@ class ShmTransport(Messages, Transport):
             if self._closed:
                 return
             self._closed = True
-            header = getattr(self, "header", None)   # None before set-up mapped it
-            if header is not None:
-                header[CLOSED] = 1
+            if self.header is not None:
+                self.header[CLOSED] = 1
             _UNREAD.extend(req.buf for held in self._inflight for req in held if req.seg in (CMA, BLOCK))
             for req in self._pipes:   # never filled again: its buffer may go
                 pipe.retire(req.pipe)
