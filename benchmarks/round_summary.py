@@ -22,19 +22,18 @@ def size_name(size: int) -> str:
 class Launch:
     def __init__(self, folder: Path):
         self.folder = folder
+        files = {name: self._load(name) for name in ("allreduce", "coll_small", "coll_64m", "a2a_sr", "reference")}
         # per command: (collective, size, backend, algorithm) -> time in us
-        self.commands = {name: self._read(name) for name in ("allreduce", "coll_small", "coll_64m", "a2a_sr", "reference")}
+        self.commands = {name: {(r["collective"], r["size"], r["backend"], r["algorithm"]): r["time_us"]
+                                for r in got.get("rows", [])} for name, got in files.items()}
         self.rows = {**self.commands["coll_64m"], **self.commands["coll_small"], **self.commands["allreduce"]}
-        self.n4 = self._load("n4")["rows"] if (folder / "n4.json").exists() else []
-        self.meta = self._load("allreduce").get("meta", {}) if (folder / "allreduce.json").exists() else {}
+        self.n4 = self._load("n4").get("rows", [])
+        self.meta = files["allreduce"].get("meta", {})
 
     def _load(self, name: str) -> dict:
-        return json.loads((self.folder / f"{name}.json").read_text())
-
-    def _read(self, name: str) -> dict:
-        if not (self.folder / f"{name}.json").exists():
-            return {}
-        return {(r["collective"], r["size"], r["backend"], r["algorithm"]): r["time_us"] for r in self._load(name)["rows"]}
+        """One command's JSON, or {} where that command did not run."""
+        path = self.folder / f"{name}.json"
+        return json.loads(path.read_text()) if path.exists() else {}
 
     def time(self, collective, size, backend, algorithm="auto", command=None):
         rows = self.rows if command is None else self.commands[command]
@@ -46,10 +45,7 @@ class Launch:
         return None if mine is None or mpi is None else mine / mpi
 
     def ddp(self, name: str) -> dict:
-        path = self.folder / f"{name}.json"
-        if not path.exists():
-            return {}
-        return {r["impl"]: r for r in json.loads(path.read_text())["results"] if r["ranks"] == 2}
+        return {r["impl"]: r for r in self._load(name).get("results", []) if r["ranks"] == 2}
 
 
 def ratio(x) -> str:
@@ -69,13 +65,13 @@ def figures(launch: Launch) -> dict:
             launch.vs_mpi("all_reduce", KIB, b, algorithm) for _, b in SUBJECTS[:2])
     sizes = sorted({s for (c, s, b, a) in launch.rows if c == "all_reduce" and b == "mpi4py"})
     for label, backend in SUBJECTS[:2]:
-        worst = max(((launch.vs_mpi("all_reduce", s, backend), s) for s in sizes
-                     if launch.vs_mpi("all_reduce", s, backend) is not None), default=None)
+        ratios = [(launch.vs_mpi("all_reduce", s, backend), s) for s in sizes]
+        worst = max(((x, s) for x, s in ratios if x is not None), default=None)
         out[f"worst auto all_reduce / MPI, {label}"] = "-" if worst is None else f"{ratio(worst[0])} at {size_name(worst[1])}"
     floor = launch.time("all_reduce", 64 * MIB, "floor", "x+=y")
+    at_64m = [launch.time("all_reduce", 64 * MIB, b) for _, b in SUBJECTS]
     out["64 MiB all_reduce / x+=y floor, numpy / torch / empty"] = joined(
-        None if floor is None or launch.time("all_reduce", 64 * MIB, b) is None
-        else launch.time("all_reduce", 64 * MIB, b) / floor for _, b in SUBJECTS)
+        None if floor is None or t is None else t / floor for t in at_64m)
     mpi64 = launch.time("all_reduce", 64 * MIB, "mpi4py", "native")
     out["64 MiB floor, MPI_Allreduce (ms)"] = "-" if floor is None or mpi64 is None else f"{floor / 1e3:.1f}, {mpi64 / 1e3:.1f}"
     out["1 MiB all_reduce us: numpy, torch, empty, MPI"] = ", ".join(
