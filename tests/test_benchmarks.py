@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import sys
 
 import numpy as np
 import pytest
 
 from mpi_util import ROOT, run_mpi
+from ringcomm.core import copying
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import allreduce_perf as perf  # noqa: E402
@@ -304,6 +306,18 @@ def test_copy_distance_times_every_copy_at_both_distances():
     rows = [line.split() for line in proc.stdout.splitlines() if not line.startswith("#")]
     assert [(int(r[0]), int(r[1])) for r in rows] == [(16384, 0), (16384, 16), (65536, 0), (65536, 16)]
     assert all(len(r) in (4, 6) and all(float(v) > 0 for v in r[2:]) for r in rows), proc.stdout
+
+
+@pytest.mark.skipif(copying.copy_bytes is None,
+                    reason="the compiled copy was not built (no C compiler)")
+def test_copy_shared_times_each_copy_in_and_leaves_no_segment():
+    """benchmarks/copy_shared.py: a row per copy, every figure a time, the bytes read back checked
+    by the benchmark itself; its /dev/shm files are gone when it ends."""
+    proc = run_mpi(2, ROOT / "benchmarks" / "copy_shared.py", "--bytes", "1M", "-n", "3", timeout=120)
+    rows = [line.rsplit(None, 2) for line in proc.stdout.splitlines()[2:]]
+    assert [r[0] for r in rows] == ["numpy copy (memcpy)", "ringcomm copy", "numpy copy, no reader"], proc.stdout
+    assert all(float(v) > 0 for r in rows for v in r[1:]), proc.stdout
+    assert not [f for f in os.listdir("/dev/shm") if f.startswith("ringcomm_copy_shared_")]
 
 
 @pytest.mark.parametrize("argv,argument", [(["--backend", "bogus"], "--backend"), (["--algorithm", "bogus"], "--algorithm"),

@@ -31,7 +31,9 @@ def test_slow_distances_are_a_cache_line_past_the_source(distance):
 
 
 @compiled
-@pytest.mark.parametrize("nbytes", [0, 1, 2047, 2048, 2049, 4096, 5003, 70001, 1 << 20])
+# from 1 MiB the copy goes in 256 KiB pieces (core/_copy.h): lengths on and off their edges
+@pytest.mark.parametrize("nbytes", [0, 1, 2047, 2048, 2049, 4096, 5003, 70001, (1 << 20) - 1, 1 << 20,
+                                    (1 << 20) + 70001, (5 << 18) + 1])
 @pytest.mark.parametrize("distance", [0, 1, 16, 31, 48, 100, 4080])
 def test_the_compiled_copy_gives_numpys_bytes_at_every_distance(nbytes, distance):
     dst, src = pair(nbytes, distance)
@@ -43,12 +45,13 @@ def test_the_compiled_copy_gives_numpys_bytes_at_every_distance(nbytes, distance
 
 @compiled
 @pytest.mark.parametrize("shift", [-4096, -16, -1, 1, 16, 4096])
-def test_overlapping_ranges_copy_as_memmove(shift):
-    raw = np.arange(40000, dtype=np.uint32).view(np.uint8)
+@pytest.mark.parametrize("nbytes", [100000, (1 << 20) + 100000])
+def test_overlapping_ranges_copy_as_memmove(shift, nbytes):
+    raw = np.arange(nbytes // 4 + 10000, dtype=np.uint32).view(np.uint8)
     want = raw.copy()
     lo = 10000
-    want[lo + shift:lo + shift + 100000] = want[lo:lo + 100000].copy()
-    copying.copy_bytes(raw[lo + shift:lo + shift + 100000], raw[lo:lo + 100000])
+    want[lo + shift:lo + shift + nbytes] = want[lo:lo + nbytes].copy()
+    copying.copy_bytes(raw[lo + shift:lo + shift + nbytes], raw[lo:lo + nbytes])
     assert np.array_equal(raw, want)
 
 

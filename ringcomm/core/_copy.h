@@ -10,7 +10,19 @@
  * the same copy takes its vector loop and runs at full speed (benchmarks/copy_distance.py;
  * docs/transports.md, "Copies whose buffers are a few bytes apart"). The pieces are taken only
  * where the distance is in the window (a cache line, with margin) and the size is in the range
- * glibc hands to rep movsb, so every other copy is memcpy's, unchanged. */
+ * glibc hands to rep movsb, so every other copy is memcpy's, unchanged.
+ *
+ * Longer copies (from RC_COPY_LIMIT) glibc moves with its vector loop, whose plain stores must
+ * first own each line: where the destination's lines sit in another core's cache, as the staging
+ * pool's do after the receiver read the previous message from them, every line is a round trip
+ * to that core. On this VM's EPYC host that trip is cheap in some periods and dear in others
+ * (the hypervisor places the two vCPUs), and in the dear ones a 1 MiB copy into the pool took
+ * 100-150 us instead of 25. `rep movsb` writes whole lines without owning them first, so such a
+ * copy goes in RC_COPY_CHUNK pieces, each one glibc moves with rep movsb: 1 MiB copied in and
+ * read back by the peer 72-85 us against 177-193 in the dear periods, 45-52 against 53-59 in the
+ * cheap ones, and private copies of 1-64 MiB 1.1-2x faster too (docs/transports.md, "Copies into
+ * lines another core holds"). At a slow distance the long copy stays memcpy's: pieces would be
+ * rep movsb at its slow speed. */
 #ifndef RINGCOMM_COPY_H
 #define RINGCOMM_COPY_H
 
@@ -23,6 +35,7 @@
 /* From here on glibc leaves rep movsb for its own vector loop (from 512 KiB here, the L2 of a
  * core), which is as fast at any distance, and faster than pieces: 4 MiB 133-156 us against 192. */
 #define RC_COPY_LIMIT (1 << 20)
+#define RC_COPY_CHUNK (256 << 10)   /* under glibc's stop threshold for rep movsb (512 KiB here) */
 
 static inline int rc_slow_distance(const void *dst, const void *src) {
     size_t d = ((uintptr_t)dst - (uintptr_t)src) & 4095;
@@ -33,15 +46,19 @@ static inline int rc_slow_distance(const void *dst, const void *src) {
  * constant 2 KiB it would inline `rep movsq`, which is as slow at these distances. */
 static void *(*volatile const rc_memcpy)(void *, const void *, size_t) = memcpy;
 
+static inline void rc_copy_in(char *d, const char *s, size_t n, size_t piece) {
+    for (size_t i = 0; i < n; i += piece)
+        rc_memcpy(d + i, s + i, n - i < piece ? n - i : piece);
+}
+
 static inline void rc_copy(void *dst, const void *src, size_t n) {
-    if (n <= RC_COPY_PIECE || n >= RC_COPY_LIMIT || !rc_slow_distance(dst, src)) {
+    int slow = rc_slow_distance(dst, src);
+    if (n >= RC_COPY_LIMIT && !slow)
+        rc_copy_in((char *)dst, (const char *)src, n, RC_COPY_CHUNK);
+    else if (n <= RC_COPY_PIECE || n >= RC_COPY_LIMIT || !slow)
         memcpy(dst, src, n);
-        return;
-    }
-    char *d = (char *)dst;
-    const char *s = (const char *)src;
-    for (size_t i = 0; i < n; i += RC_COPY_PIECE)
-        rc_memcpy(d + i, s + i, n - i < RC_COPY_PIECE ? n - i : RC_COPY_PIECE);
+    else
+        rc_copy_in((char *)dst, (const char *)src, n, RC_COPY_PIECE);
 }
 
 /* memmove's contract: ranges that overlap go to memmove itself. */

@@ -10,7 +10,8 @@ docs/transports.md ("Copies whose buffers are a few bytes apart") has the measur
 
 Two remedies, one per kind of copy:
 - a copy in this process: ``copy`` goes through core/_copy.h, which copies in 2 KiB pieces (under
-  glibc's threshold for ``rep movsb``) where the distance is slow and is memcpy elsewhere;
+  glibc's threshold for ``rep movsb``) where the distance is slow and is memcpy elsewhere (in
+  256 KiB pieces from 1 MiB, so that glibc writes them with rep movsb: _copy.h says why);
 - a CMA read or write, whose copy is the kernel's: the side this rank owns is a scratch buffer
   placed at the other side's page offset (``like``), or where it is the caller's own array at a
   slow distance, the bytes go through such a scratch buffer and ``copy`` (cma.py), on hosts
@@ -37,7 +38,6 @@ except ImportError:   # not built: numpy's copy
 PAGE = 4096
 WINDOW = 64     # (dst - src) mod PAGE in [1, WINDOW): slow (1-31 measured; a cache line, with margin)
 PIECE = 2048    # no memcpy this short takes rep movsb: core/_copy.h copies in such pieces
-LIMIT = 1 << 20   # nor this long (glibc's vector loop from 512 KiB here): memcpy whole, as numpy does
 
 
 def slow_distance(dst: int, src: int) -> bool:
@@ -53,8 +53,8 @@ def copier() -> Callable[[np.ndarray, np.ndarray], None]:
 
 def copy(dst: np.ndarray, src: np.ndarray) -> None:
     """``dst[...] = src`` for arrays of one dtype and shape, through core/_copy.h when both are
-    contiguous and of a length glibc copies with rep movsb (PIECE to LIMIT)."""
-    if PIECE < dst.nbytes < LIMIT and dst.flags.c_contiguous and src.flags.c_contiguous:
+    contiguous and longer than PIECE."""
+    if dst.nbytes > PIECE and dst.flags.c_contiguous and src.flags.c_contiguous:
         copy_bytes(dst, src)
     else:
         dst[...] = src
