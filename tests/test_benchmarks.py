@@ -359,7 +359,14 @@ def test_round_summary_reads_each_launch_and_states_ratios_against_the_same_laun
                                                                  row("sendrecv", 1 << 20, "ringcomm", "auto", 150.0)]}))
         results = [{"impl": i, "ranks": 2, "step_s": s, "samples_per_s": 64 / s} for i, s in (("ringcomm", 0.04), ("torch", 0.06))]
         (folder / "ddp_mlp.json").write_text(json.dumps({"results": results}))
+        n4 = [row("all_reduce", 1 << 20, "ringcomm", "auto", 130.0), row("all_reduce", 1 << 20, "ringcomm", "ring", 100.0),
+              row("all_reduce", 1 << 20, "ringcomm", "direct", 120.0), row("all_reduce", 4 << 20, "ringcomm", "auto", 400.0),
+              row("all_reduce", 4 << 20, "ringcomm", "direct", 380.0)]
+        n4[0]["chosen"] = n4[3]["chosen"] = "direct"
+        (folder / "n4.json").write_text(json.dumps({"rows": n4}))
     table = round_summary.figures(round_summary.Launch(tmp_path / "L2"))
+    # the worst size, what auto ran there and the best forced: a wrong choice, not noise
+    assert table["4 ranks: worst auto / best forced (auto ran; best forced)"] == "1.30x at 1M (direct; ring)"
     assert table["1 KiB all_reduce / MPI (auto), numpy / torch"] == "0.35x / 0.40x"
     assert table["64 MiB all_reduce / x+=y floor, numpy / torch / empty"] == "1.30x / - / -"
     assert table["1M sendrecv / MPI (its own command), numpy / torch / empty"] == "1.50x / - / -"
