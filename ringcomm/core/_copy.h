@@ -16,13 +16,13 @@
  * first own each line: where the destination's lines sit in another core's cache, as the staging
  * pool's do after the receiver read the previous message from them, every line is a round trip
  * to that core. On this VM's EPYC host that trip is cheap in some periods and dear in others
- * (the hypervisor places the two vCPUs), and in the dear ones a 1 MiB copy into the pool took
- * 100-150 us instead of 25. `rep movsb` writes whole lines without owning them first, so such a
- * copy goes in RC_COPY_CHUNK pieces, each one glibc moves with rep movsb: 1 MiB copied in and
- * read back by the peer 72-85 us against 177-193 in the dear periods, 45-52 against 53-59 in the
- * cheap ones, and private copies of 1-64 MiB 1.1-2x faster too (docs/transports.md, "Copies into
- * lines another core holds"). At a slow distance the long copy stays memcpy's: pieces would be
- * rep movsb at its slow speed. */
+ * (most likely where the hypervisor places the two vCPUs), and in the dear ones a 1 MiB copy
+ * into the pool took 100-150 us instead of 25. `rep movsb` writes whole lines without owning
+ * them first, so such a copy goes in RC_COPY_CHUNK pieces, each one glibc moves with rep movsb:
+ * the copy in 27-33 us against 106-136 in the dear periods, 18-21 against 22-27 in the cheap
+ * ones, and private copies within noise (benchmarks/copy_shared.py, copy_distance.py;
+ * docs/transports.md, "Copies into lines another core holds"). At a slow distance the long copy
+ * stays memcpy's: pieces would be rep movsb at its slow speed. */
 #ifndef RINGCOMM_COPY_H
 #define RINGCOMM_COPY_H
 
@@ -32,8 +32,9 @@
 
 #define RC_COPY_WINDOW 64      /* (dst - src) mod 4 KiB in [1, RC_COPY_WINDOW): the slow distances */
 #define RC_COPY_PIECE 2048     /* under glibc's rep movsb threshold for every vector size */
-/* From here on glibc leaves rep movsb for its own vector loop (from 512 KiB here, the L2 of a
- * core), which is as fast at any distance, and faster than pieces: 4 MiB 133-156 us against 192. */
+/* From here on glibc leaves rep movsb for its own vector loop (from 512 KiB here): at a slow
+ * distance that loop is as fast, and faster than 2 KiB pieces (4 MiB 133-156 us against 192), so
+ * such a copy is memcpy's whole; at any other, the copy goes in RC_COPY_CHUNK pieces (above). */
 #define RC_COPY_LIMIT (1 << 20)
 #define RC_COPY_CHUNK (256 << 10)   /* under glibc's stop threshold for rep movsb (512 KiB here) */
 
