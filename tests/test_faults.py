@@ -296,6 +296,30 @@ def test_close_from_another_thread_waits_for_the_call_in_flight():
     assert out[0][1][1] >= 0.45, f"close returned {out[0][1][1]:.2f} s in, before the call in flight ended"
 
 
+@pytest.mark.parametrize("closer", [0, 2])
+def test_a_peer_that_closed_a_split_fails_its_peers_window_waits_at_once_naming_the_close(closer):
+    """Rank ``closer`` closes a split of all three ranks; the others' 1 KiB all_reduce on it (the
+    window's one-shot road) raises PeerAbortedError naming that close within a second, not at
+    the communicator's 30 s timeout: a closed window's region says so (window.py). Before, it
+    said only what a never-opened one says, and the others waited out their timeout."""
+    def body(comm):
+        sub = comm.split(0)
+        if comm.rank == closer:
+            sub.close()
+            return "closed"
+        time.sleep(0.2)
+        sub.all_reduce(np.ones(256, np.float32))
+    outcome, elapsed = run_each(3, body, timeout=30)
+    for rank, got in enumerate(outcome):
+        if rank == closer:
+            assert got == "closed"
+            continue
+        assert isinstance(got, PeerAbortedError), (rank, got)
+        assert f"rank {closer} of this communicator (rank {closer} of the job) has closed it (close())" in str(got)
+        assert "all_reduce" in str(got)
+    assert max(elapsed) < 5, elapsed
+
+
 def test_threads_closing_one_communicator_at_once_all_return_and_calls_after_raise():
     """Three threads call close() on one communicator at once: each returns, none raises, and
     a call afterwards raises CommError at once (tried under mpirun too, 1,100 init-split-close

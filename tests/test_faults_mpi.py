@@ -290,6 +290,16 @@ def test_sends_and_receives_nobody_matched_are_cancelled_at_close_and_every_rank
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("backend", ["ringcomm", "mpi", "gloo"])
+def test_a_rank_that_closed_a_split_fails_its_peers_call_on_it_at_once(backend):
+    """Rank 0 closes a split; rank 1's 1 KiB all_reduce on it raises naming the close. On
+    ringcomm it waited out its 30 s timeout, the closed window region reading like one not
+    opened yet (mpi_jobs/split_closed.py)."""
+    proc = run_mpi(2, "split_closed.py", backend, timeout=60)
+    assert "split-closed ok" in proc.stdout, proc.stdout + proc.stderr
+
+
+@pytest.mark.mpi
 def test_a_send_withdrawn_by_its_senders_close_is_received_exact_or_fails_naming_the_close():
     """Rank 0 closes and exits with an 8 MiB send unreceived; rank 1's receive a second later
     named neither itself nor the close (mpi_jobs/withdrawn_send.py)."""

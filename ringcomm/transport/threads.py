@@ -17,7 +17,7 @@ import numpy as np
 from ..errors import MismatchError, PeerAbortedError
 from .base import DoneRequest, Request, Transport
 from .view import CONTEXT_SHIFT, TransportView
-from .window import JOB_CAPACITY, Window, region_bytes
+from .window import JOB_CAPACITY, Window, close_window_owner, region_bytes, watching_closes
 
 
 class _Recv(Request):
@@ -159,10 +159,16 @@ class ThreadsTransport(Transport):
     def split(self, members, color, key, context, slot=None):
         if members is None:
             return None
-        return TransportView(self, members, context, Window(members.index(self.rank),
-                                                             self.world.windows(context, members), spin=0.0,
-                                                             aborted=self._aborted_reason, reader=read_memory,
-                                                             writer=write_memory))
+        regions = self.world.windows(context, members)
+        return TransportView(self, members, context, Window(members.index(self.rank), regions, spin=0.0,
+                                                             aborted=watching_closes(regions, context, members,
+                                                                                     self._aborted_reason),
+                                                             reader=read_memory, writer=write_memory))
+
+    def release_window(self, context: int) -> None:
+        """The view ``context`` closed: its peers waiting in its window learn it (window.py)."""
+        region = self.world.windows(context, [self.rank])[0]
+        close_window_owner(region, context)
 
     def abort(self, reason: BaseException) -> None:
         self.world.abort(f"rank {self.rank}: {reason}")

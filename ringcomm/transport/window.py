@@ -51,8 +51,10 @@ def region_bytes(capacity: int = CAPACITY) -> int:
 
 
 # A region's first line holds its rank's round flag (word 0) and, in a sub-communicator's slot,
-# which communicator's window has it (word 1: its context id + 1; 0 once closed), so that a slot
-# is given to another communicator only once every peer of the last one has closed it.
+# which communicator's window has it (word 1: its context id + 1 while open, minus that once
+# closed, 0 never used), so that a slot is given to another communicator only once every peer of
+# the last one has closed it, and so that a peer waiting in that window learns of the close at
+# once instead of at its timeout (0 alone could not tell "closed" from "not opened yet").
 def window_round(region: np.ndarray) -> int:
     """The last round ``region``'s rank posted in it."""
     return _words(region[:16])[0]
@@ -60,12 +62,34 @@ def window_round(region: np.ndarray) -> int:
 
 def window_owner(region: np.ndarray) -> int:
     """The context id of the window that has ``region`` open, or -1."""
-    return _words(region[:16])[1] - 1
+    word = _words(region[:16])[1]
+    return word - 1 if word > 0 else -1
 
 
-def set_window_owner(region: np.ndarray, context: Optional[int]) -> None:
-    """Mark ``region`` open in the window of communicator ``context``, or (None) closed."""
-    _words(region[:16])[1] = 0 if context is None else context + 1
+def set_window_owner(region: np.ndarray, context: int) -> None:
+    """Mark ``region`` open in the window of communicator ``context``."""
+    _words(region[:16])[1] = context + 1
+
+
+def close_window_owner(region: np.ndarray, context: int) -> None:
+    """Mark ``region`` closed by the window of communicator ``context``."""
+    _words(region[:16])[1] = -(context + 1)
+
+
+def window_closed(region: np.ndarray, context: int) -> bool:
+    """Whether ``region``'s rank has closed its window of communicator ``context``."""
+    return _words(region[:16])[1] == -(context + 1)
+
+
+def watching_closes(regions: list, context: int, members: list,
+                    aborted: Callable[[int], Optional[str]]) -> Callable[[int], Optional[str]]:
+    """A sub-communicator window's ``aborted(peer)``: the peer's close of this window (its region
+    ``regions[peer]`` says so), else ``aborted(peer)``. ``members``: the job ranks, in order."""
+    def reason(peer: int) -> Optional[str]:
+        if window_closed(regions[peer], context):   # it will post no round here again
+            return f"rank {peer} of this communicator (rank {members[peer]} of the job) has closed it (close())"
+        return aborted(peer)
+    return reason
 
 
 class Window:

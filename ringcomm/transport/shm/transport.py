@@ -34,7 +34,8 @@ from ...errors import CommError, PeerAbortedError, UsageError
 from ..base import Transport, WindowSlot
 from ..mpi import Ledger
 from ..polling import spin_for
-from ..window import CAPACITY, JOB_CAPACITY, Window, region_bytes, set_window_owner, window_owner, window_round
+from ..window import (CAPACITY, JOB_CAPACITY, Window, close_window_owner, region_bytes, set_window_owner,
+                      watching_closes, window_owner, window_round)
 from . import cma, pipe, segments, staging
 from .messages import Messages, _bytes, _Send
 from .peer_buffers import PeerBuffers
@@ -606,7 +607,7 @@ class ShmTransport(Messages, Transport):
             slot = self._slot_of.pop(context, None)
             if slot is not None and not self._closed:
                 self._slots_used.discard(slot)
-                set_window_owner(self._windows[slot][self.me], None)
+                close_window_owner(self._windows[slot][self.me], context)
 
     def release_window_slots(self, offered: int) -> None:
         """The split that reserved ``offered`` is decided: the slot it took is used now
@@ -636,7 +637,8 @@ class ShmTransport(Messages, Transport):
             self._slot_of[context] = slot.index
             self._slot_last[slot.index] = (context, [r for r in node_ranks if r != self.me])
             set_window_owner(regions[self.me], context)
-        return Window(members.index(self.rank), [regions[r] for r in node_ranks],
-                      aborted=lambda peer: self.aborted_reason(node_ranks[peer]), spin=spin_for(self.n),
-                      start=slot.start, **self._window_access(node_ranks))
+        mine = [regions[r] for r in node_ranks]
+        aborted = watching_closes(mine, context, members, lambda peer: self.aborted_reason(node_ranks[peer]))
+        return Window(members.index(self.rank), mine, aborted=aborted, spin=spin_for(self.n), start=slot.start,
+                      **self._window_access(node_ranks))
 
