@@ -47,19 +47,27 @@ static inline int rc_slow_distance(const void *dst, const void *src) {
  * constant 2 KiB it would inline `rep movsq`, which is as slow at these distances. */
 static void *(*volatile const rc_memcpy)(void *, const void *, size_t) = memcpy;
 
-static inline void rc_copy_in(char *d, const char *s, size_t n, size_t piece) {
+static inline void rc_copy_pieces(char *d, const char *s, size_t n, size_t piece) {
     for (size_t i = 0; i < n; i += piece)
         rc_memcpy(d + i, s + i, n - i < piece ? n - i : piece);
 }
 
+/* memcpy, but for two kinds of copy longer than RC_COPY_PIECE: one at a slow distance and
+ * shorter than RC_COPY_LIMIT goes in 2 KiB pieces; one at a full-speed distance and from
+ * RC_COPY_LIMIT on goes in RC_COPY_CHUNK pieces. */
 static inline void rc_copy(void *dst, const void *src, size_t n) {
-    int slow = rc_slow_distance(dst, src);
-    if (n >= RC_COPY_LIMIT && !slow)
-        rc_copy_in((char *)dst, (const char *)src, n, RC_COPY_CHUNK);
-    else if (n <= RC_COPY_PIECE || n >= RC_COPY_LIMIT || !slow)
-        memcpy(dst, src, n);
-    else
-        rc_copy_in((char *)dst, (const char *)src, n, RC_COPY_PIECE);
+    if (n > RC_COPY_PIECE) {
+        int slow = rc_slow_distance(dst, src);
+        if (slow && n < RC_COPY_LIMIT) {
+            rc_copy_pieces((char *)dst, (const char *)src, n, RC_COPY_PIECE);
+            return;
+        }
+        if (!slow && n >= RC_COPY_LIMIT) {
+            rc_copy_pieces((char *)dst, (const char *)src, n, RC_COPY_CHUNK);
+            return;
+        }
+    }
+    memcpy(dst, src, n);
 }
 
 /* memmove's contract: ranges that overlap go to memmove itself. */
