@@ -200,6 +200,10 @@ class _Posted:
         notice = transport.probe(peer, ABORT_TAG)
         if notice is not None:
             raise PeerAbortedError(f"{self.work.description}: {executor.read_notice(transport, notice)}")
+        window = transport.window   # a peer that closed this communicator: executor._Watch.diagnose
+        gone = None if window is None or peer is None else window.gone(peer)
+        if gone is not None and not self.moved():
+            raise PeerAbortedError(f"{self.work.description}: {gone}")
         if not self.sending and peer is not None:
             first = transport.probe(peer)
             reason = None if first is None else describe_p2p_mismatch(first[1], self.call.dtype.name, self.call.tag,

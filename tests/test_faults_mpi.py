@@ -290,12 +290,15 @@ def test_sends_and_receives_nobody_matched_are_cancelled_at_close_and_every_rank
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("backend", ["ringcomm", "mpi", "gloo"])
-def test_a_rank_that_closed_a_split_fails_its_peers_call_on_it_at_once(backend):
-    """Rank 0 closes a split; rank 1's 1 KiB all_reduce on it raises naming the close. On
-    ringcomm it waited out its 30 s timeout, the closed window region reading like one not
-    opened yet (mpi_jobs/split_closed.py)."""
-    proc = run_mpi(2, "split_closed.py", backend, timeout=60)
+@pytest.mark.parametrize("backend,call", [("ringcomm", "window"), ("ringcomm", "ring"), ("ringcomm", "recv"),
+                                          ("mpi", "window"), ("gloo", "window")])
+def test_a_rank_that_closed_a_split_fails_its_peers_call_on_it_at_once(backend, call):
+    """Rank 0 closes a split; rank 1's call on it (a 1 KiB all_reduce, a 1 MiB ring all_reduce, a
+    recv) raises naming the close. On ringcomm each waited out its 30 s timeout: the window's
+    road until round forty-two (a closed region read like one not opened yet), the ring's and
+    the recv's until forty-three (only the window's own wait read the close)
+    (mpi_jobs/split_closed.py)."""
+    proc = run_mpi(2, "split_closed.py", backend, call, timeout=60)
     assert "split-closed ok" in proc.stdout, proc.stdout + proc.stderr
 
 

@@ -171,6 +171,14 @@ class _Watch:
         notice = transport.probe(None, ABORT_TAG)
         if notice is not None:
             raise PeerAbortedError(f"{self.what} on rank {transport.rank}: {read_notice(transport, notice)}")
+        # A peer that closed this communicator (a split's window region says so) sends it nothing
+        # more; what it sent before closing is in already, so a wait that a re-test does not
+        # complete never will. Without the re-test, a last message published just before the
+        # close would be taken for one never sent.
+        window = transport.window
+        gone = None if window is None else window.gone(peer)
+        if gone is not None and done is not None and not done():
+            raise PeerAbortedError(f"{self.what} on rank {transport.rank}: {gone}")
         # A point-to-point send still waiting for its receive is no sign of disagreement: MPI lets
         # a rank send, run collectives, and receive afterwards. Such sends are passed over, so a
         # collective message behind one still explains a stall.
@@ -196,8 +204,9 @@ class _Watch:
                         f"{other}: the ranks disagree on the root (or on the count or the algorithm)")
         # A peer in a one-shot collective sends nothing to probe, but its window slot says
         # which collective it is in.
-        window = transport.window
         stamp = None if window is None else window.ahead(peer)
+        if stamp == POISON and not (done is not None and done()):
+            raise gave_up(transport, peer, self.what)
         if stamp is not None:   # the stamp has the exact count: counts equal mod 32 differ there
             tag, count = stamp_parts(stamp)
             reason = self.envelope.describe_mismatch(tag, peer) or (count != self.envelope.count and (
@@ -321,6 +330,19 @@ def _run_lanes(lanes, transport, bufs, like, reduce, base, watch: _Watch) -> Non
 NOTICE_GRACE = 1.0   # seconds a rank that sees a peer's poison waits for that peer's reason
 
 
+def gave_up(transport: Transport, peer: int, what: str) -> PeerAbortedError:
+    """The error for ``peer``'s poison in the window: its abort notice, sent before the poison,
+    says why; a peer whose own call failed because another rank gave up or closed the
+    communicator sends none (its peers learn that themselves), and is named bare."""
+    notice, until = None, time.monotonic() + NOTICE_GRACE
+    while notice is None and time.monotonic() < until:
+        notice = transport.probe(None, ABORT_TAG)
+        if notice is None:
+            time.sleep(1e-4)
+    why = read_notice(transport, notice) if notice is not None else f"rank {peer} gave up"
+    return PeerAbortedError(f"{what} on rank {transport.rank}: {why}")
+
+
 class WindowGuard:
     """What a one-shot round needs when it goes wrong, built only then (the fast path never pays
     for it), under the same deadline and diagnosis as a program: a stalled round probes the
@@ -345,15 +367,8 @@ class WindowGuard:
 
     def mismatch(self, peer: int, stamp: int, word: int = 0) -> None:
         """``stamp`` and ``word`` are the peer's window stamp (envelope.window_stamp) and shape word."""
-        if stamp == POISON:   # the peer gave up: its abort notice (sent before the poison) says why
-            transport = self.watch.transport
-            notice, until = None, time.monotonic() + NOTICE_GRACE
-            while notice is None and time.monotonic() < until:
-                notice = transport.probe(None, ABORT_TAG)
-                if notice is None:
-                    time.sleep(1e-4)
-            why = read_notice(transport, notice) if notice is not None else f"rank {peer} gave up"
-            raise PeerAbortedError(f"{self.what} on rank {self.rank}: {why}")
+        if stamp == POISON:
+            raise gave_up(self.watch.transport, peer, self.what)
         tag, count = stamp_parts(stamp)
         reason = self.envelope.describe_mismatch(tag, peer) or self.watch.other_kind(peer, window_kind_of(stamp))
         if reason is None and count != self.count:

@@ -109,10 +109,10 @@ class Window:
     (``address_words``), and ``learn`` maps the peers' blocks once; ``reader``, ``writer`` and
     ``mapped`` then reach them with plain loads and stores instead of CMA (memory.py).
 
-    ``aborted(peer)`` returns why the job or that peer gave up, or None. ``spin`` is how long a
-    wait polls before it starts sleeping (polling.py): processes on cores of their own poll for
-    a while, threads of one process (which would only hold the GIL their peers need) give the
-    CPU up at once.
+    ``aborted(peer)`` returns why the job or that peer gave up, or closed this communicator
+    (``watching_closes``), or None. ``spin`` is how long a wait polls before it starts sleeping
+    (polling.py): processes on cores of their own poll for a while, threads of one process
+    (which would only hold the GIL their peers need) give the CPU up at once.
     """
 
     def __init__(self, rank: int, regions: list, *, capacity: int = CAPACITY,
@@ -307,6 +307,12 @@ class Window:
         if wait_polling(lambda: self.lagging(k) is None, timeout, lambda: self._gave_up(k), spin=self.spin):
             return None
         return self.lagging(k)
+
+    def gone(self, peer: int) -> Optional[str]:
+        """Why ``peer`` will post nothing more to this communicator (it closed it, or it or the job
+        gave up), or None. A stalled wait of any algorithm, not only the window's, asks it
+        (executor.py), once it has re-tested what it waits for."""
+        return self._aborted(peer)
 
     def _gave_up(self, k: int) -> Optional[str]:
         """Why the peer this round waits for gave up, if it did."""

@@ -1,10 +1,13 @@
-"""Rank 0 closes a split of both ranks; rank 1 then calls a 1 KiB all_reduce on it. Rank 1's
-call must raise naming rank 0's close within seconds, not wait out the communicator's timeout
-(30 s here): on backend ringcomm (the node window's one-shot road) PeerAbortedError, which before
-round forty-two it did not, a closed window region reading like one never opened; on the
-reference backends MismatchError from their close exchange. Both worlds then close cleanly.
+"""Rank 0 closes a split of both ranks; rank 1 then calls on it: a 1 KiB all_reduce (``window``:
+the node window's one-shot road), a 1 MiB ring all_reduce (``ring``) or a recv from rank 0
+(``recv``). Rank 1's call must raise naming rank 0's close within seconds, not wait out the
+communicator's timeout (30 s here): on backend ringcomm PeerAbortedError, which before round
+forty-two it did not (a closed window region read like one never opened) and before round
+forty-three only on the window's road; on the reference backends MismatchError from their close
+exchange (all_reduce only: their recv waits for its timeout, as MPI's and gloo's own do). Both
+worlds then close cleanly.
 
-    mpirun -n 2 python split_closed.py [ringcomm|mpi|gloo]
+    mpirun -n 2 python split_closed.py [ringcomm|mpi|gloo] [window|ring|recv]
 
 Rank 0 prints "split-closed ok: <rank 1's error>"; every rank exits 1 otherwise.
 """
@@ -18,6 +21,7 @@ import ringcomm
 from verdict import report
 
 BACKEND = sys.argv[1] if len(sys.argv) > 1 else "ringcomm"
+CALL = sys.argv[2] if len(sys.argv) > 2 else "window"
 EXPECTED = {"ringcomm": (ringcomm.PeerAbortedError, "rank 0 of this communicator (rank 0 of the job) has closed it (close())")}
 ERROR, TEXT = EXPECTED.get(BACKEND, (ringcomm.MismatchError, "ranks [0] have close(); ranks [1] have all_reduce"))
 comm = ringcomm.init(backend=BACKEND, timeout=30)
@@ -30,8 +34,13 @@ else:
     time.sleep(0.3)
     start = time.monotonic()
     try:
-        sub.all_reduce(np.ones(256, np.float32))
-        problems.append("rank 1's all_reduce on the closed split returned")
+        if CALL == "window":
+            sub.all_reduce(np.ones(256, np.float32))
+        elif CALL == "ring":
+            sub.all_reduce(np.ones(1 << 18, np.float32), algorithm="ring")
+        else:
+            sub.recv(np.ones(256, np.float32), 0)
+        problems.append(f"rank 1's {CALL} call on the closed split returned")
     except ERROR as err:
         got = str(err)
         if TEXT not in got:
