@@ -171,14 +171,6 @@ class _Watch:
         notice = transport.probe(None, ABORT_TAG)
         if notice is not None:
             raise PeerAbortedError(f"{self.what} on rank {transport.rank}: {read_notice(transport, notice)}")
-        # A peer that closed this communicator (a split's window region says so) sends it nothing
-        # more; what it sent before closing is in already, so a wait that a re-test does not
-        # complete never will. Without the re-test, a last message published just before the
-        # close would be taken for one never sent.
-        window = transport.window
-        gone = None if window is None else window.gone(peer)
-        if gone is not None and done is not None and not done():
-            raise PeerAbortedError(f"{self.what} on rank {transport.rank}: {gone}")
         # A point-to-point send still waiting for its receive is no sign of disagreement: MPI lets
         # a rank send, run collectives, and receive afterwards. Such sends are passed over, so a
         # collective message behind one still explains a stall.
@@ -204,6 +196,7 @@ class _Watch:
                         f"{other}: the ranks disagree on the root (or on the count or the algorithm)")
         # A peer in a one-shot collective sends nothing to probe, but its window slot says
         # which collective it is in.
+        window = transport.window
         stamp = None if window is None else window.ahead(peer)
         if stamp == POISON and not (done is not None and done()):
             raise gave_up(transport, peer, self.what)
@@ -215,6 +208,14 @@ class _Watch:
                 reason = self.other_kind(peer, window_kind_of(stamp))
             if reason and not (done is not None and done()):
                 raise MismatchError(f"{self.what} on rank {transport.rank}: {reason}")
+        # A peer that closed this communicator (a split's window region says so) sends it nothing
+        # more; what it sent before closing is in already, so a wait that a re-test does not
+        # complete never will. Without the re-test, a last message published just before the
+        # close would be taken for one never sent. Last: a message of another collective the
+        # peer sent before closing names the disagreement, which is the caller's bug.
+        gone = None if window is None else window.gone(peer)
+        if gone is not None and done is not None and not done():
+            raise PeerAbortedError(f"{self.what} on rank {transport.rank}: {gone}")
 
     def other_kind(self, peer: int, theirs: int) -> Optional[str]:
         """Why a round of this very call that ``peer`` posted as window algorithm ``theirs`` is
