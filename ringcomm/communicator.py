@@ -77,6 +77,7 @@ class Communicator(PointToPoint, SubCommunicators):
         self._seq_p2p = 0
         self._unmatched: list = []         # receives matched in posting order, not yet matched (point_to_point.py)
         self._splits = 0
+        self._groups_made: dict = {}       # (key, members) -> groups made of them (subcommunicators._group)
         self.holders = Holders()   # a sub-communicator takes its parent's (_sub)
         self._holding = True       # until close() gives up this communicator's hold
         self._broken: Optional[BaseException] = None

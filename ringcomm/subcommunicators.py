@@ -133,9 +133,17 @@ class SubCommunicators:
         members = _member_list(members, self.size, self.rank)
         if not isinstance(key, str) or not key:
             raise bad_value("_group", "key", "a non-empty str naming the group on every member", key)
+        # A group made again of the same members under the same name (torch re-creating a
+        # destroyed group, split_group reusing a name) gets a context of its own: the last one's
+        # closed window regions still say "closed" under its context, and a member that opened
+        # its window before a slower one would read that one as having closed the new group.
+        # Each member made every earlier one (members make a group together), so they count alike.
+        made = (key, tuple(members))
         with self.engine.state:
             self._check_usable("_group")
-        path = self.context + (("group", key),)
+            generation = self._groups_made.get(made, 0)
+            self._groups_made[made] = generation + 1
+        path = self.context + (("group", key, made[1], generation),)
         transport = self.transport.group(members, _context_id(path))
         nodes = None if self.topology is None else tuple(self.topology.node_of[r] for r in members)
         from .topology import Topology

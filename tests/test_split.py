@@ -4,6 +4,7 @@ collectives in flight at once on siblings and on the parent, which must not inte
 mpirun, a rank a split leaves alone, random calls interleaved across several communicators,
 threads each on a communicator of their own, and splits on one node of a job that spans nodes."""
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -248,6 +249,40 @@ def test_messages_a_closed_sub_communicator_never_received_do_not_stall_the_worl
     world's sends between those ranks timed out (mpi_jobs/closed_sub_messages.py)."""
     proc = run_mpi(2, "closed_sub_messages.py", timeout=120)
     assert "closed-sub-messages ok" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_a_group_made_again_under_its_name_gets_a_context_of_its_own():
+    """The same two ranks make a group under one name four times, each running a 1 KiB
+    all_reduce and closing, rank 1 late into every group but the first. Before round forty-three
+    every remake reused its predecessor's context id, whose closed window regions still read
+    "closed": rank 0 raised PeerAbortedError naming rank 1's close while rank 1 returned the sum.
+    Two live groups of one name and members get two contexts too."""
+    def body(comm):
+        sums = []
+        for i in range(4):
+            group = comm._group([0, 1], "again")
+            x = np.full(256, float(i + 1) * (comm.rank + 1), np.float32)
+            if comm.rank == 1 and i:
+                time.sleep(0.1)
+            group.all_reduce(x)
+            sums.append(float(x[0]))
+            group.close()
+            comm.barrier()
+        first, second = comm._group([0, 1], "twice"), comm._group([0, 1], "twice")
+        y = np.ones(8, np.float32)
+        second.all_reduce(y)
+        first.all_reduce(y)
+        return sums, first.transport.context != second.transport.context, y[0]
+    for sums, apart, y in run_threads(2, body, timeout=30):
+        assert sums == [3.0, 6.0, 9.0, 12.0] and apart and y == 4.0, (sums, apart, y)
+
+
+@pytest.mark.mpi
+def test_a_group_made_again_under_its_name_is_exact_when_a_member_is_late_to_its_window():
+    """The same under mpirun on the shared-memory window, rank 1 late to open each of five
+    groups' windows (mpi_jobs/regroup.py)."""
+    proc = run_mpi(2, "regroup.py", timeout=120)
+    assert "regroup ok" in proc.stdout, proc.stdout + proc.stderr
 
 
 @pytest.mark.mpi
