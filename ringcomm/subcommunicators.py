@@ -138,12 +138,12 @@ class SubCommunicators:
         # closed window regions still say "closed" under its context, and a member that opened
         # its window before a slower one would read that one as having closed the new group.
         # Each member made every earlier one (members make a group together), so they count alike.
-        made = (key, tuple(members))
+        group = (key, tuple(members))
         with self.engine.state:
             self._check_usable("_group")
-            generation = self._groups_made.get(made, 0)
-            self._groups_made[made] = generation + 1
-        path = self.context + (("group", key, made[1], generation),)
+            generation = self._groups_made.get(group, 0)
+            self._groups_made[group] = generation + 1
+        path = self.context + (("group", *group, generation),)
         transport = self.transport.group(members, _context_id(path))
         nodes = None if self.topology is None else tuple(self.topology.node_of[r] for r in members)
         from .topology import Topology

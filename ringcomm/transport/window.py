@@ -317,4 +317,4 @@ class Window:
     def _gave_up(self, k: int) -> Optional[str]:
         """Why the peer this round waits for gave up, if it did."""
         peer = self.lagging(k)
-        return None if peer is None else self._aborted(peer)
+        return None if peer is None else self.gone(peer)
