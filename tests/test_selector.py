@@ -378,6 +378,33 @@ def test_in_cache_broadcasts_reduce_scatters_and_all_to_alls_price_the_window_co
     assert threads.network.window_cached is None
 
 
+def test_in_cache_all_reduces_price_the_compiled_round_from_cache_except_where_direct_reads_are_fast():
+    # Measured on 2 ranks of the EPYC host: one_shot 250-371 us at 4 MiB, direct 316-401 (and
+    # MPI_Allreduce 343-365 us in the launches where auto ran direct); from 16 MiB direct wins.
+    kw = dict(routes=("shm", "shm"), window_bytes=512 << 10, direct=True, compiled=True)
+    cached, unknown, fast, crowded = Selector(), Selector(), Selector(), Selector()
+    cached.set_host(2, 2, cache_bytes=32 << 20)
+    unknown.set_host(2, 2, cache_bytes=0)
+    fast.set_host(2, 2, cache_bytes=32 << 20, fast_reads=True)
+    crowded.set_host(4, 2, cache_bytes=32 << 20)
+    picks = {size: cached.explain("all_reduce", size, 2, **kw).algorithm for size in (1 << 20, 4 << 20, 8 << 20,
+                                                                                     16 << 20, 64 << 20)}
+    assert picks == {1 << 20: "one_shot", 4 << 20: "one_shot", 8 << 20: "one_shot", 16 << 20: "direct",
+                     64 << 20: "direct"}, picks
+    assert unknown.explain("all_reduce", 4 << 20, 2, **kw).algorithm == "direct"
+    assert fast.explain("all_reduce", 4 << 20, 2, **kw).algorithm == "direct"
+    assert fast.explain("all_reduce", 4 << 20, 2, **kw).network.round_cached is None
+    assert crowded.explain("all_reduce", 4 << 20, 4, **kw).network.round_cached is None
+    net = cached.explain("all_reduce", 8 << 20, 2, **kw).network
+    assert net.round_beta(8 << 20) == net.round_cached.beta < net.round.beta
+    assert net.round_beta((8 << 20) + 1) == net.round.beta
+    assert net.round_cached.gamma == 0.0   # the round reduces as it reads, like the plain one
+    from ringcomm.selection.selector import describe
+    assert "compiled all-reduce round from cache" in describe(cached.explain("all_reduce", 4 << 20, 2, **kw))
+    # Python rounds (no compiled round) keep their price: no cached round to speak of.
+    assert cached.explain("all_reduce", 4 << 20, 2, **dict(kw, compiled=False)).network.round_cached is None
+
+
 def test_the_last_level_cache_is_read_from_sysfs_and_unknown_is_zero(tmp_path):
     from ringcomm.topology import last_level_cache
     for index, size in enumerate(["48K", "32K", "2048K", "32768K"]):

@@ -10,8 +10,9 @@ round each.
 Steps: one synchronisation per piece of C bytes (C = window capacity), no messages.
 Bytes per rank: S written, (n-1) S read. Cost: ceil(S/C) alpha_w + S beta_w + (n-1) S (beta_w + gamma)
 on the window link (Network.window); where the round is compiled (core/_round.c, Network.round),
-ceil(S/C) alpha_r + n S beta_r: it reduces as it reads. Needs ranks that share memory: the transport must offer a
-window (shm on one node, threads). It wins for small vectors, where one flag store and n-1 flag
+ceil(S/C) alpha_r + n S beta_r: it reduces as it reads (beta_r from cache while the vectors fit
+it: Network.round_beta). Needs ranks that share memory: the transport must offer a window (shm on
+one node, threads). It wins for small vectors, where one flag store and n-1 flag
 loads replace log2(n) message round trips through the executor; it loses once the (n-1) S of
 reads outweigh those round trips, which the cost model finds.
 """
@@ -32,7 +33,7 @@ class OneShot(WindowAlgorithm):
         window = net.window
         pieces = net.window_rounds(nbytes)
         if net.round is not None:   # compiled: S written, (n-1) S read and reduced as they are read
-            return pieces * net.round.alpha + net.size * nbytes * net.round.beta
+            return pieces * net.round.alpha + net.size * nbytes * net.round_beta(nbytes)
         return pieces * window.alpha + nbytes * window.beta + (net.size - 1) * nbytes * (window.beta + net.gamma)
 
     def run(self, window, src, dst, shape, reducer, stamp, word, trouble) -> None:

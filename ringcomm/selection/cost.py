@@ -57,6 +57,7 @@ class Network:
     cache_bytes: int = 0                   # the node's last-level cache (0: unknown); see window_beta()
     fast_reads: bool = False               # ``direct`` is the fast-read hosts' link (Tuning.direct_name)
     direct_round: Optional[Link] = None    # the compiled direct all-to-all (core/_round.c), where it runs
+    round_cached: Optional[Link] = None    # the compiled all-reduce round while its vectors fit the cache
 
     @property
     def size(self) -> int:
@@ -77,9 +78,24 @@ class Network:
         one_shot_all_to_all.py prices itself plainly there). all_gather keeps the plain price:
         its direct algorithm, which writes each part once, tied or beat one_shot in cache
         (docs/selection.md)."""
-        if self.window_cached is not None and self.size * nbytes <= self.cache_bytes / 2:
+        if self.window_cached is not None and self.in_cache(nbytes):
             return self.window_cached.beta
         return self.window.beta
+
+    def round_beta(self, nbytes: float) -> float:
+        """Seconds per byte of the compiled all-reduce round (one_shot) for ``nbytes`` per rank:
+        from cache while every rank's vector fits half of it, like ``window_beta``. Priced from
+        memory throughout, the model sent 4-8 MiB all-reduces of ordinary arrays to direct, whose
+        CMA reads pin every page: 1.1-1.6x slower than one_shot there and above MPI_Allreduce at
+        4 MiB (docs/selection.md). Not on hosts whose reads are fast (``round_cached`` is None
+        there): direct beat one_shot on them from 1 MiB."""
+        if self.round_cached is not None and self.in_cache(nbytes):
+            return self.round_cached.beta
+        return self.round.beta
+
+    def in_cache(self, nbytes: float) -> bool:
+        """Whether every rank's ``nbytes`` together fit in half the node's last-level cache."""
+        return self.size * nbytes <= self.cache_bytes / 2
 
     @property
     def nodes(self) -> int:

@@ -245,11 +245,16 @@ class Selector:
             # 1.3-1.7x faster than one_shot at 2-4 MiB (broadcast, reduce-scatter) with it.
             cached = f"{routes[0]}-window-cached"
             cached = self.tuning.link(cached, dtype) if window and c <= 1 and cached in self.tuning.links else None
+            # A fast-read host's direct reads beat the round even in cache (Tuning.direct_name).
+            round_cached = f"{routes[0]}-round-cached"
+            round_cached = (self.tuning.link(round_cached, dtype).with_gamma(0.0)
+                            if round_ and c <= 1 and not fast_reads and round_cached in self.tuning.links else None)
             net = self._networks[key] = Network(crowded(intra, c), crowded(inter, c), local_sizes(nodes, size),
                                                 window=crowded_window(window, c), window_bytes=window_bytes,
                                                 direct=crowded_reads(reads, c), round=crowded_round(round_, c),
                                                 crowding=c, window_cached=cached, cache_bytes=self.cache_bytes,
-                                                fast_reads=fast_reads, direct_round=crowded_round(direct_round, c))
+                                                fast_reads=fast_reads, direct_round=crowded_round(direct_round, c),
+                                                round_cached=round_cached)
         return net
 
     def explain(self, collective: str, nbytes: int, size: int, *, dtype: str = "float32", nodes=None,
@@ -326,6 +331,9 @@ def describe(choice: Choice) -> str:
         if net.round is not None:
             lines.append(f"  compiled all-reduce round: alpha {net.round.alpha * 1e6:.2f} us per round, "
                          f"{1 / net.round.beta / 1e9:.2f} GB/s per byte written or read, reduction included")
+            if net.round_cached is not None:
+                lines.append(f"  compiled all-reduce round from cache (every rank's vector in half of "
+                             f"{net.cache_bytes >> 20} MiB): {1 / net.round_cached.beta / 1e9:.2f} GB/s")
         if net.direct is not None:
             host = " (a host whose reads are fast)" if net.fast_reads else ""
             lines.append(f"  direct reads of peers' memory{host}: alpha {net.direct.alpha * 1e6:.2f} us per read, "

@@ -49,6 +49,14 @@ DEFAULT_LINKS = {
     # 184 us, 4 MiB 610-700 us, where direct took 610-660 us: the two tie at 4 MiB, and from
     # 8 MiB one_shot's full reduction on every rank loses (64 MiB: 13-19 ms against 11-13).
     "shm-round": (1.5e-6, 1 / 8.5e9),
+    # shm-round-cached: the same round while every rank's vector fits in half the last-level cache
+    # (Network.round_beta). Forced one_shot against direct on 2 ranks of this VM's EPYC host
+    # (2026-12-06 18:14-18:16 UTC, two launches of `mpirun -n 2 python benchmarks/allreduce_perf.py
+    # -b 2M -e 64M -f 2 --tensor numpy,torch --algorithm auto,one_shot,direct,ring`): one_shot ran
+    # 2 S per rank at 32-34 GB/s in the VM's fast state and 21-23 in its slow one (4 MiB 250 and
+    # 371 us, 8 MiB 519 and 777), where direct took 316-401 us at 4 MiB; 20 GB/s is kept, for the
+    # slow state. Beyond the cache (16 MiB on 2 ranks) the plain round above holds.
+    "shm-round-cached": (1.5e-6, 1 / 20e9),
     # Direct reads of a peer's buffer (the direct algorithms): a process_vm_readv system call.
     # Fitted to forced direct against one_shot runs of all four collectives at 64 KiB-16 MiB on
     # 2 ranks of this VM (2026-12-01 05:48 UTC): 8.5 GB/s, and 30 us per read, which also carries
