@@ -405,6 +405,16 @@ def test_in_cache_all_reduces_price_the_compiled_round_from_cache_except_where_d
     assert cached.explain("all_reduce", 4 << 20, 2, **dict(kw, compiled=False)).network.round_cached is None
 
 
+def test_a_tuning_file_that_measured_the_round_is_not_second_guessed_from_cache(tmp_path):
+    kw = dict(routes=("shm", "shm"), window_bytes=512 << 10, direct=True, compiled=True)
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"format": 1, "links": {"shm-round": {"alpha": 2e-6, "beta": 1 / 9e9}}}))
+    tuned = Selector(tuning=load_tuning(path))
+    tuned.set_host(2, 2, cache_bytes=32 << 20)
+    net = tuned.explain("all_reduce", 4 << 20, 2, **kw).network
+    assert net.round_cached is None and net.round_beta(4 << 20) == pytest.approx(1 / 9e9)
+
+
 def test_the_last_level_cache_is_read_from_sysfs_and_unknown_is_zero(tmp_path):
     from ringcomm.topology import last_level_cache
     for index, size in enumerate(["48K", "32K", "2048K", "32768K"]):

@@ -88,7 +88,8 @@ class Network:
         memory throughout, the model sent 4-8 MiB all-reduces of ordinary arrays to direct, whose
         CMA reads pin every page: 1.1-1.6x slower than one_shot there and above MPI_Allreduce at
         4 MiB (docs/selection.md). Not on hosts whose reads are fast (``round_cached`` is None
-        there): direct beat one_shot on them from 1 MiB."""
+        there: direct beat one_shot on them from 1 MiB), nor where a tuning file measured the
+        round (Tuning.guessed)."""
         if self.round_cached is not None and self.in_cache(nbytes):
             return self.round_cached.beta
         return self.round.beta

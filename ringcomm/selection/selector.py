@@ -245,10 +245,12 @@ class Selector:
             # 1.3-1.7x faster than one_shot at 2-4 MiB (broadcast, reduce-scatter) with it.
             cached = f"{routes[0]}-window-cached"
             cached = self.tuning.link(cached, dtype) if window and c <= 1 and cached in self.tuning.links else None
-            # A fast-read host's direct reads beat the round even in cache (Tuning.direct_name).
+            # A fast-read host's direct reads beat the round even in cache (Tuning.direct_name);
+            # a tuning file that measured the round answers for this host whatever the cache.
             round_cached = f"{routes[0]}-round-cached"
             round_cached = (self.tuning.link(round_cached, dtype).with_gamma(0.0)
-                            if round_ and c <= 1 and not fast_reads and round_cached in self.tuning.links else None)
+                            if round_ and c <= 1 and not fast_reads and round_cached in self.tuning.links
+                            and self.tuning.guessed(f"{routes[0]}-round") else None)
             net = self._networks[key] = Network(crowded(intra, c), crowded(inter, c), local_sizes(nodes, size),
                                                 window=crowded_window(window, c), window_bytes=window_bytes,
                                                 direct=crowded_reads(reads, c), round=crowded_round(round_, c),

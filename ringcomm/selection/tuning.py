@@ -157,9 +157,15 @@ class Tuning:
         "<route>-direct"."""
         name = f"{route}-direct"
         fast = f"{name}-fast"
-        if fast_reads and fast in self.links and self.links.get(name) == DEFAULT_LINKS.get(name):
+        if fast_reads and fast in self.links and self.guessed(name):
             return fast
         return name
+
+    def guessed(self, name: str) -> bool:
+        """Whether link ``name`` is still the built-in guess, not a tuning file's measurement:
+        the guesses made beside it (a fast-read host's reads, the round from cache) hold only
+        then, as a measured link is this host's own answer."""
+        return self.links.get(name) == DEFAULT_LINKS.get(name)
 
     def measured_times(self, collective: str, nbytes: int, local_sizes: tuple, routes: tuple,
                        dtype: str = "float32") -> dict:
