@@ -333,15 +333,20 @@ NOTICE_GRACE = 1.0   # seconds a rank that sees a peer's poison waits for that p
 
 def gave_up(transport: Transport, peer: int, what: str) -> PeerAbortedError:
     """The error for ``peer``'s poison in the window: its abort notice, sent before the poison,
-    says why; a peer whose own call failed because another rank gave up or closed the
-    communicator sends none (its peers learn that themselves), and is named bare."""
+    says why. A peer whose own call failed because another rank gave up or closed the
+    communicator sends none (its peers learn that themselves): it is named with what the window
+    says of the others, so a rank that waited for it names the close too, not a bare give-up."""
     notice, until = None, time.monotonic() + NOTICE_GRACE
     while notice is None and time.monotonic() < until:
         notice = transport.probe(None, ABORT_TAG)
         if notice is None:
             time.sleep(1e-4)
-    why = read_notice(transport, notice) if notice is not None else f"rank {peer} gave up"
-    return PeerAbortedError(f"{what} on rank {transport.rank}: {why}")
+    if notice is not None:
+        return PeerAbortedError(f"{what} on rank {transport.rank}: {read_notice(transport, notice)}")
+    window = transport.window
+    others = () if window is None else (window.gone(r) for r in range(window.size) if r not in (peer, window.rank))
+    why = next((reason for reason in others if reason is not None), None)
+    return PeerAbortedError(f"{what} on rank {transport.rank}: rank {peer} gave up" + (f"; {why}" if why else ""))
 
 
 class WindowGuard:
