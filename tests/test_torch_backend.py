@@ -78,6 +78,21 @@ def test_sparse_tensors_are_refused_by_layout_except_all_reduces_coo_sum():
         assert summed == (2 * torch.eye(3)).tolist() and refused == [True, True]
 
 
+def test_meta_tensors_are_refused_naming_the_device_before_any_message():
+    """A meta tensor has a shape and no memory: refused as the direct API refuses it, not by
+    torch's "Cannot copy out of meta tensor" from inside the copy to host memory."""
+    def body(comm):
+        pg = group_of(comm)
+        for call in (lambda: pg.allreduce([torch.empty(3, device="meta")], opts()),
+                     lambda: pg.broadcast([torch.empty(3, device="meta")], dist.BroadcastOptions())):
+            with pytest.raises(UsageError, match=r'"tensor" \(expected a tensor with data .*got .a tensor on meta.\)'):
+                call()
+        x = torch.ones(3)
+        pg.allreduce([x], opts()).wait()   # nothing was sent: the next call pairs as usual
+        return x.tolist()
+    assert run_threads(2, body) == [[2.0, 2.0, 2.0]] * 2
+
+
 def test_sparse_all_reduce_of_tensors_that_differ_raises_on_every_rank():
     """Ranks whose sparse tensors differ in shape or dtype would sum each other's entries at
     indices that mean something else: MismatchError on every rank, and the group still works."""

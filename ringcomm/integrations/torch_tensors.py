@@ -109,11 +109,15 @@ def resolved(t: torch.Tensor) -> torch.Tensor:
 
 
 def dense(t: torch.Tensor) -> torch.Tensor:
-    """``t``, a dense tensor; a sparse one is refused here, naming its layout, rather than by a
-    torch error from deep inside a copy (only all_reduce takes sparse COO: its sum, as gloo's)."""
+    """``t``, a dense tensor with data; a sparse one is refused here, naming its layout, and a
+    meta tensor (a shape with no memory) naming its device, rather than by a torch error from
+    deep inside the copy to host memory (only all_reduce takes sparse COO: its sum, as gloo's)."""
     if t.layout is not torch.strided:
         raise bad_value("ringcomm process group", "tensor", "a dense tensor (sparse: COO, to all_reduce's sum only)",
                         f"a {t.layout} tensor")
+    if t.is_meta:
+        raise bad_value("ringcomm process group", "tensor", "a tensor with data (on cpu, or a device torch copies "
+                        "to the host)", "a tensor on meta")
     return t
 
 
