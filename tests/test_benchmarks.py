@@ -320,6 +320,24 @@ def test_copy_shared_times_each_copy_in_and_leaves_no_segment():
     assert not [f for f in os.listdir("/dev/shm") if f.startswith("ringcomm_copy_shared_")]
 
 
+@pytest.mark.skipif(copying.copy_bytes is None,
+                    reason="the compiled copy was not built (no C compiler)")
+def test_copy_stream_times_three_copies_per_size_and_puts_the_streaming_length_back():
+    """benchmarks/copy_stream.py: a row per size, every figure a time; it names the length from
+    which ringcomm streams, and leaves that length as it found it (it runs in this process's
+    library only, but says so on its first line)."""
+    import subprocess
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "copy_stream.py"), "--sizes", "1M,2M", "-r", "1"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    usual = copying.last_level_cache() or copying.STREAM_GUESS
+    assert f"ringcomm streams from {usual >> 20} MiB" in lines[0], proc.stdout
+    rows = [line.split() for line in lines[2:]]
+    assert [int(r[0]) for r in rows] == [1 << 20, 2 << 20] and all(len(r) == 4 for r in rows), proc.stdout
+    assert all(float(v) > 0 for r in rows for v in r[1:]), proc.stdout
+
+
 @pytest.mark.parametrize("argv,argument", [(["--backend", "bogus"], "--backend"), (["--algorithm", "bogus"], "--algorithm"),
                                            (["-b", "1K", "-e", "8"], "-b")])
 def test_allreduce_perf_refuses_what_would_measure_nothing(argv, argument, capsys):

@@ -831,7 +831,18 @@ static PyObject *module_copy(PyObject *module, PyObject *const *args, Py_ssize_t
     Py_RETURN_NONE;
 }
 
+/* set_stream_min(nbytes): copies from nbytes on are streamed (_copy.h); at least RC_STREAM_FLOOR.
+ * Returns the value now in force. */
+static PyObject *module_set_stream_min(PyObject *module, PyObject *arg) {
+    unsigned long long n = PyLong_AsUnsignedLongLong(arg);
+    if (n == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    rc_stream_min = n < RC_STREAM_FLOOR ? RC_STREAM_FLOOR : (size_t)n;
+    return PyLong_FromSize_t(rc_stream_min);
+}
+
 static PyMethodDef module_methods[] = {
+    {"set_stream_min", (PyCFunction)module_set_stream_min, METH_O,
+     "set_stream_min(nbytes) -> nbytes in force: copies from that many bytes on use streaming stores"},
     {"address", (PyCFunction)module_address, METH_O, "address(array) -> the address of its first element"},
     {"copy", (PyCFunction)(void (*)(void))module_copy, METH_FASTCALL,
      "copy(dst, src): copy src's bytes into dst (contiguous, same length), avoiding slow rep movsb distances"},

@@ -11,7 +11,8 @@ docs/transports.md ("Copies whose buffers are a few bytes apart") has the measur
 Two remedies, one per kind of copy:
 - a copy in this process: ``copy`` goes through core/_copy.h, which copies in 2 KiB pieces (under
   glibc's threshold for ``rep movsb``) where the distance is slow and is memcpy elsewhere (in
-  256 KiB pieces from 1 MiB, so that glibc writes them with rep movsb: _copy.h says why);
+  256 KiB pieces from 1 MiB, so that glibc writes them with rep movsb: _copy.h says why), and
+  from the size of the last-level cache on with streaming stores (``stream_from``);
 - a CMA read or write, whose copy is the kernel's: the side this rank owns is a scratch buffer
   placed at the other side's page offset (``like``), or where it is the caller's own array at a
   slow distance, the bytes go through such a scratch buffer and ``copy`` (cma.py), on hosts
@@ -28,14 +29,17 @@ from typing import Callable, Optional
 import numpy as np
 
 from .. import env
+from ..topology import last_level_cache
 from .compiled import array_address
 
 try:
     from ._round import copy as copy_bytes   # copy_bytes(dst, src): two contiguous buffers of one length
+    from ._round import set_stream_min
 except ImportError:   # not built: numpy's copy
-    copy_bytes = None
+    copy_bytes = set_stream_min = None
 
 PAGE = 4096
+STREAM_GUESS = 32 << 20   # where the host does not say how large its last-level cache is
 WINDOW = 64     # (dst - src) mod PAGE in [1, WINDOW): slow (1-31 measured; a cache line, with margin)
 PIECE = 2048    # no memcpy this short takes rep movsb: core/_copy.h copies in such pieces
 
@@ -58,6 +62,16 @@ def copy(dst: np.ndarray, src: np.ndarray) -> None:
         copy_bytes(dst, src)
     else:
         dst[...] = src
+
+
+def stream_from(nbytes: int) -> int:
+    """Make compiled copies of ``nbytes`` and more go around the cache (core/_copy.h says why);
+    returns the length in force (at least 1 MiB), 0 where the compiled copy is not built."""
+    return set_stream_min(int(nbytes)) if set_stream_min is not None else 0
+
+
+# A copy as long as the last-level cache cannot stay in it: from there on, stream.
+stream_from(last_level_cache() or STREAM_GUESS)
 
 
 def numpy_copy(dst: np.ndarray, src: np.ndarray) -> None:
