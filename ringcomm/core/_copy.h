@@ -27,10 +27,11 @@
  * A copy at least as long as the last-level cache (rc_stream_min: core/copying.py sets it from
  * the host's cache) cannot stay in cache whatever it does, and both rep movsb and the vector loop
  * still fill the cache with its lines, evicting everything else; streaming (non-temporal) stores
- * go around the cache, and need no line owned first. 32-48 MiB copies on this VM's EPYC (32 MiB
- * of L3), three runs each: 1.49-1.76 ms streamed against 1.54-2.44 in 256 KiB pieces and
- * 2.25-2.86 by memcpy; from 16 MiB down they are slower than the pieces (0.68 ms against 0.58
- * at 16 MiB), as they give up the cache a copy that fits could use (benchmarks/copy_stream.py). */
+ * go around the cache, and need no line owned first. On this VM's EPYC (32 MiB of L3),
+ * benchmarks/copy_stream.py, ms streamed / in 256 KiB pieces / by memcpy: 32 MiB 1.34 / 1.57 /
+ * 1.87, 64 MiB 2.82 / 3.09 / 4.01, both ranks copying at once 2.22 / 2.85 / 3.03 and 4.89 / 5.83
+ * / 6.40; at 16 MiB streaming is the slower (0.54 against 0.44), as it gives up the cache a copy
+ * that fits could use. */
 #ifndef RINGCOMM_COPY_H
 #define RINGCOMM_COPY_H
 
