@@ -47,10 +47,9 @@ def main() -> None:
         world = None
     rank = 0 if world is None else world.rank
     llc = copying.last_level_cache()
-    usual = llc or copying.STREAM_GUESS
     if rank == 0:
         print(f"# last-level cache {llc >> 20} MiB ({'sysfs' if llc else 'unknown'}); ringcomm streams from "
-              f"{usual >> 20} MiB; {1 if world is None else world.size} process(es) copying at once")
+              f"{copying.STREAM_FROM >> 20} MiB; {1 if world is None else world.size} process(es) copying at once")
         print(f"{'size':>10} {'memcpy ms':>10} {'streamed ms':>12} {'pieces ms':>10}")
     try:
         for size in (parse_size(s) for s in args.sizes.split(",")):
@@ -69,7 +68,7 @@ def main() -> None:
                 ms = [statistics.median(spent[name]) * 1e3 for name in ways]
                 print(f"{size:>10} {ms[0]:>10.2f} {ms[1]:>12.2f} {ms[2]:>10.2f}")
     finally:
-        copying.stream_from(usual)
+        copying.stream_from(copying.STREAM_FROM)
 
 
 if __name__ == "__main__":

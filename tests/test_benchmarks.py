@@ -331,8 +331,7 @@ def test_copy_stream_times_three_copies_per_size_and_puts_the_streaming_length_b
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    usual = copying.last_level_cache() or copying.STREAM_GUESS
-    assert f"ringcomm streams from {usual >> 20} MiB" in lines[0], proc.stdout
+    assert f"ringcomm streams from {copying.STREAM_FROM >> 20} MiB" in lines[0], proc.stdout
     rows = [line.split() for line in lines[2:]]
     assert [int(r[0]) for r in rows] == [1 << 20, 2 << 20] and all(len(r) == 4 for r in rows), proc.stdout
     assert all(float(v) > 0 for r in rows for v in r[1:]), proc.stdout

@@ -47,9 +47,8 @@ def test_the_compiled_copy_gives_numpys_bytes_at_every_distance(nbytes, distance
 @pytest.mark.parametrize("nbytes", [(1 << 20), (1 << 20) + 1, (1 << 20) + 63, (1 << 20) + 64, (3 << 20) + 4097])
 @pytest.mark.parametrize("distance", [0, 1, 15, 16, 31, 100, 4095])
 def test_copies_from_the_streaming_length_on_give_numpys_bytes(nbytes, distance):
-    was = copying.stream_from(0)   # clamped to its least, 1 MiB
     try:
-        assert was == 1 << 20
+        assert copying.stream_from(0) == 1 << 20   # clamped to its least
         dst, src = pair(nbytes, distance)
         want = src.copy()
         guard = dst.base[dst.ctypes.data - dst.base.ctypes.data + nbytes:][:64].copy()
@@ -57,17 +56,19 @@ def test_copies_from_the_streaming_length_on_give_numpys_bytes(nbytes, distance)
         assert np.array_equal(dst, want)
         assert np.array_equal(dst.base[dst.ctypes.data - dst.base.ctypes.data + nbytes:][:64], guard)
     finally:
-        copying.stream_from(copying.last_level_cache() or copying.STREAM_GUESS)
+        copying.stream_from(copying.STREAM_FROM)
 
 
 def test_the_streaming_length_is_the_last_level_cache_or_a_guess():
+    assert copying.STREAM_FROM == (copying.last_level_cache() or copying.STREAM_GUESS)
     if copying.copy_bytes is None:
-        assert copying.stream_from(1 << 30) == 0
+        assert copying.stream_from(1 << 30) == 0 and copying.streamed_from() == 0
         return
-    here = copying.last_level_cache() or copying.STREAM_GUESS
-    assert copying.stream_from(here) == max(here, 1 << 20)
-    assert copying.stream_from(5) == 1 << 20
-    copying.stream_from(here)
+    assert copying.streamed_from() == max(copying.STREAM_FROM, 1 << 20)   # as import set it
+    try:
+        assert copying.stream_from(5) == copying.streamed_from() == 1 << 20
+    finally:
+        copying.stream_from(copying.STREAM_FROM)
 
 
 

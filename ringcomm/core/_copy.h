@@ -51,9 +51,11 @@
 #define RC_COPY_CHUNK (256 << 10)   /* under glibc's stop threshold for rep movsb (512 KiB here) */
 
 /* Copies from this many bytes on are streamed (above). Where the compiler has no SSE2 the
- * streaming copy is memcpy. */
+ * streaming copy is memcpy. Each compiled module has its own, and none streams until told:
+ * _round's is set on import from the host's cache (copying.stream_from); the pipe's copies are
+ * single 64 KiB cells and never are. */
 #define RC_STREAM_FLOOR (1 << 20)   /* set_stream_min's least: below it the cache always helps */
-static size_t rc_stream_min = (size_t)32 << 20;
+static size_t rc_stream_min = SIZE_MAX;
 
 static inline void rc_stream(char *d, const char *s, size_t n) {
 #if defined(__SSE2__)

@@ -840,7 +840,13 @@ static PyObject *module_set_stream_min(PyObject *module, PyObject *arg) {
     return PyLong_FromSize_t(rc_stream_min);
 }
 
+/* stream_min() -> the length from which copies are streamed now. */
+static PyObject *module_stream_min(PyObject *module, PyObject *unused) {
+    return PyLong_FromSize_t(rc_stream_min);
+}
+
 static PyMethodDef module_methods[] = {
+    {"stream_min", (PyCFunction)module_stream_min, METH_NOARGS, "stream_min() -> the length from which copies are streamed"},
     {"set_stream_min", (PyCFunction)module_set_stream_min, METH_O,
      "set_stream_min(nbytes) -> nbytes in force: copies from that many bytes on use streaming stores"},
     {"address", (PyCFunction)module_address, METH_O, "address(array) -> the address of its first element"},

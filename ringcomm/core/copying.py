@@ -34,9 +34,9 @@ from .compiled import array_address
 
 try:
     from ._round import copy as copy_bytes   # copy_bytes(dst, src): two contiguous buffers of one length
-    from ._round import set_stream_min
+    from ._round import set_stream_min, stream_min
 except ImportError:   # not built: numpy's copy
-    copy_bytes = set_stream_min = None
+    copy_bytes = set_stream_min = stream_min = None
 
 PAGE = 4096
 STREAM_GUESS = 32 << 20   # where the host does not say how large its last-level cache is
@@ -70,8 +70,14 @@ def stream_from(nbytes: int) -> int:
     return set_stream_min(int(nbytes)) if set_stream_min is not None else 0
 
 
+def streamed_from() -> int:
+    """The length from which compiled copies go around the cache now; 0 where not built."""
+    return stream_min() if stream_min is not None else 0
+
+
 # A copy as long as the last-level cache cannot stay in it: from there on, stream.
-stream_from(last_level_cache() or STREAM_GUESS)
+STREAM_FROM = last_level_cache() or STREAM_GUESS
+stream_from(STREAM_FROM)
 
 
 def numpy_copy(dst: np.ndarray, src: np.ndarray) -> None:
