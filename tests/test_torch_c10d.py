@@ -1,6 +1,8 @@
 """Every c10d collective on "ringcomm" against gloo, through plain ``dist.init_process_group``,
 under torchrun (2 and 3 processes: the store bootstrap, shared memory) and mpirun (4 processes:
-MPI's rendezvous, a 2-D DeviceMesh). The job is tests/mpi_jobs/c10d_vs_gloo.py."""
+MPI's rendezvous, a 2-D DeviceMesh). The job is tests/mpi_jobs/c10d_vs_gloo.py. Then torch's
+parallelism libraries (FSDP2, tensor parallelism, pipelining) trained over "ringcomm" against one
+process: tests/mpi_jobs/torch_parallelisms.py."""
 import socket
 import subprocess
 import sys
@@ -52,6 +54,19 @@ def test_every_c10d_collective_and_a_2d_device_mesh_match_gloo_under_mpirun():
     proc = run_mpi(4, "c10d_vs_gloo.py", timeout=300)
     assert_all_passed(proc, 4, NAMES + ["device mesh 2-D"])
     assert proc.stdout.count("check sub-group collectives ok") == 2, proc.stdout   # on the evens, 0 and 2
+
+
+PARALLELISMS = {2: ["fsdp2", "pipelining ScheduleGPipe", "pipelining Schedule1F1B"],
+                4: ["fsdp2 x tensor parallel", "pipelining ScheduleGPipe", "pipelining Schedule1F1B"]}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [2, 4])
+def test_fsdp2_tensor_parallel_and_pipelining_on_ringcomm_train_like_one_process(n):
+    """torch's parallelism libraries over the "ringcomm" group (tests/mpi_jobs/torch_parallelisms.py):
+    FSDP2's padded shards, a 2-D FSDP2 x tensor-parallel mesh, pipeline stages' sends."""
+    proc = run_mpi(n, "torch_parallelisms.py", timeout=240)
+    assert_all_passed(proc, n, PARALLELISMS[n])
 
 
 SAMPLE = ("test_all_reduce_sum or test_all_gather_v or test_scatter_full_group or test_send_recv_any_source "
