@@ -22,7 +22,12 @@ Besides the backends of ``ringcomm.init`` two rows help read the others:
   bandwidth floor a reducing collective cannot beat on one node; and ``floor/copy``, one
   ``x[:] = y``, the price of each extra pass a transport makes over the data (staging, bounce).
 - backend ``mpi4py``: MPI's own collective called straight through mpi4py, no ringcomm in the
-  path (a backend "mpi" of ringcomm.init should land close to it).
+  path (a backend "mpi" of ringcomm.init should land close to it). With ``--tensor`` torch also
+  ``mpi4py[torch]``: the same calls on the memory the torch rows use, their reference. A
+  transfer MPICH makes by CMA costs what that memory's pages cost to pin and copy (1 MiB
+  send/recv: 25-48 us on torch's memory against 77-85 on numpy's in one run; docs/performance.md,
+  round forty-six), so a torch row over MPI on numpy's memory measured the allocators as much as
+  the library.
 A backend that cannot start is reported as ``backend X unavailable: <reason>`` and skipped.
 
 ``--split parity`` runs every collective on the two halves of a split by rank parity at once
@@ -322,6 +327,9 @@ def build_configs(args, world) -> tuple[list[Config], list[str]]:
             comm = comm.Split(parity, world.Get_rank()) if backend == "mpi4py" else comm.split(parity)
         if backend == "mpi4py":
             configs.append(Config(backend, "native", lambda c, m=comm: mpi4py_call(m, c)))
+            if "torch" in args.tensors:   # the torch rows' reference: MPI on the memory they use
+                configs.append(Config(f"{backend}[torch]", "native", lambda c, m=comm: mpi4py_call(m, c),
+                                      torch_owned=True))
             continue
         if getattr(comm, "backend", backend) != "ringcomm":
             # A reference backend runs its own library's algorithm; algorithm= is ringcomm's.
@@ -510,7 +518,7 @@ def summary(rows: list[Row]) -> list[str]:
             continue
         parts = [f"{collective} {format_size(size):>5}: auto({auto.chosen}) {auto.time_us:.1f} us"]
         for label, r in sorted(group.items()):
-            if r.algorithm == "native":
+            if r.algorithm == "native" and not r.backend.endswith("[torch]"):   # auto runs on numpy's memory
                 parts.append(f"busbw x{auto.busbw_gbs / r.busbw_gbs:.2f} vs {r.backend}, "
                              f"time x{auto.time_us / r.time_us:.2f}")
         parts.append(f"{auto.x_floor:.2f}x floor")
@@ -535,6 +543,11 @@ FLOOR_SIZE = 64 << 20       # time <= one local x += y
 OTHERS_AT = (1 << 20, 64 << 20)   # reduce_scatter, all_gather, broadcast: busbw >= MPI's own call
 
 
+def reference(backend: str) -> str:
+    """The MPI row a ringcomm row is judged against: the one on the same memory (``[torch]``)."""
+    return "mpi4py[torch]" if backend.endswith("[torch]") else "mpi4py"
+
+
 def target_lines(rows: list[Row]) -> list[str]:
     """Each target that this run measured, met or missed; auto against its slowest forced algorithm."""
     lines = []
@@ -544,17 +557,17 @@ def target_lines(rows: list[Row]) -> list[str]:
 
     def judge(what, x, bound, at_least):
         met = x >= bound if at_least else x <= bound
-        lines.append(f"{what:<58} x{x:6.2f} (target {'>=' if at_least else '<='} {bound}): "
+        lines.append(f"{what:<60} x{x:6.2f} (target {'>=' if at_least else '<='} {bound}): "
                      f"{'met' if met else 'MISSED'}")
     for collective, size, backend, algorithm in sorted(subjects, key=lambda k: (k[0], k[2], k[3], k[1])):
         r = pick[(collective, size, backend, algorithm)]
         who = f"{format_size(size):>4} {collective} {backend}/{algorithm}"
-        mpi = pick.get((collective, size, "mpi4py", "native"))
+        mpi = pick.get((collective, size, reference(backend), "native")) or pick.get((collective, size, "mpi4py", "native"))
         if mpi is not None:
             if collective == "all_reduce" and size == LATENCY_SIZE:
-                judge(f"{who} time vs mpi4py", r.time_us / mpi.time_us, 1.0, False)
+                judge(f"{who} time vs {mpi.backend}", r.time_us / mpi.time_us, 1.0, False)
             elif collective == "all_reduce" or size in OTHERS_AT:
-                judge(f"{who} busbw vs mpi4py", r.busbw_gbs / mpi.busbw_gbs, 1.0, True)
+                judge(f"{who} busbw vs {mpi.backend}", r.busbw_gbs / mpi.busbw_gbs, 1.0, True)
         floor = pick.get((collective, size, "floor", "x+=y"))
         if collective == "all_reduce" and size == FLOOR_SIZE and floor is not None:
             judge(f"{who} time vs the x+=y floor", r.time_us / floor.time_us, 1.0, False)

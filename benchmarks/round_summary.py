@@ -6,6 +6,8 @@ wrote: one line per figure, one column per launch, as a Markdown table.
 Ratios are ringcomm's time over MPI's own call (mpi4py) measured in the same launch, so below 1
 is faster; DDP's is ringcomm's samples/s over torch's DDP on gloo, so above 1 is faster. numpy
 / torch / empty: ringcomm on numpy arrays, on tensors torch allocated, on ringcomm.empty's blocks.
+The torch column's MPI runs on the torch rows' memory (``mpi4py[torch]``) where the launch
+measured it (from round forty-six), else on numpy's.
 """
 import json
 import sys
@@ -41,8 +43,13 @@ class Launch:
 
     def vs_mpi(self, collective, size, backend, algorithm="auto", command=None):
         mine = self.time(collective, size, backend, algorithm, command)
-        mpi = self.time(collective, size, "mpi4py", "native", command)
+        mpi = self.mpi(collective, size, "mpi4py[torch]" if backend.endswith("[torch]") else "mpi4py", command)
         return None if mine is None or mpi is None else mine / mpi
+
+    def mpi(self, collective, size, reference="mpi4py", command=None):
+        """MPI's time on the given memory (``mpi4py[torch]``: torch's), else on numpy's."""
+        found = self.time(collective, size, reference, "native", command)
+        return found if found is not None else self.time(collective, size, "mpi4py", "native", command)
 
     def ddp(self, name: str) -> dict:
         return {r["impl"]: r for r in self._load(name).get("results", []) if r["ranks"] == 2}
@@ -87,6 +94,11 @@ def figures(launch: Launch) -> dict:
         for collective in ("all_to_all", "sendrecv"):
             out[f"{size_name(size)} {collective} / MPI (its own command), numpy / torch / empty"] = joined(
                 launch.vs_mpi(collective, size, b, command="a2a_sr") for _, b in SUBJECTS)
+        pairs = [(launch.time(c, size, "mpi4py[torch]", "native", "a2a_sr"),
+                  launch.time(c, size, "mpi4py", "native", "a2a_sr")) for c in ("all_to_all", "sendrecv")]
+        if any(torch is not None for torch, _ in pairs):   # what the memory alone does to MPI's own call
+            out[f"{size_name(size)} MPI on torch's memory / on numpy's, all_to_all / sendrecv"] = joined(
+                None if torch is None or numpy is None else torch / numpy for torch, numpy in pairs)
     if launch.n4:
         rows = [r for r in launch.n4 if r["backend"] == "ringcomm" and r["collective"] == "all_reduce"]
         worst = None

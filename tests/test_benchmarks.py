@@ -107,7 +107,7 @@ def test_tiny_sweep_under_mpirun(tmp_path):
         assert {r["size"] for r in mine} == sizes, collective
         labels = {(r["backend"], r["algorithm"]) for r in mine}
         assert {("floor", "x+=y"), ("floor", "copy"), ("ringcomm", "auto"), ("ringcomm[torch]", "auto"),
-                ("mpi4py", "native")} <= labels
+                ("mpi4py", "native"), ("mpi4py[torch]", "native")} <= labels
     for r in rows:
         assert r["wrong"] == 0, r
         assert r["ranks"] == 2 and r["time_us"] > 0
@@ -242,6 +242,20 @@ def test_targets_are_judged_from_the_rows():
     assert "gloo" not in text   # the targets are against MPI and the floor
 
 
+def test_torch_rows_are_judged_against_mpi_on_the_same_memory():
+    """With an ``mpi4py[torch]`` row (MPI on the torch rows' memory) the torch subjects are judged
+    against it, the numpy ones still against ``mpi4py``; the summary compares auto (numpy's
+    memory) with MPI on numpy's memory only."""
+    rows = [_row(1 << 20, "ringcomm", "auto", 60.0), _row(1 << 20, "ringcomm[torch]", "auto", 60.0),
+            _row(1 << 20, "mpi4py", "native", 80.0), _row(1 << 20, "mpi4py[torch]", "native", 30.0)]
+    text = "\n".join(perf.target_lines(rows))
+    assert "1M all_reduce ringcomm/auto busbw vs mpi4py " in text and "x  1.33 (target >= 1.0): met" in text
+    assert "1M all_reduce ringcomm[torch]/auto busbw vs mpi4py[torch]" in text
+    assert "x  0.50 (target >= 1.0): MISSED" in text
+    (line,) = perf.summary(rows)
+    assert "vs mpi4py," in line and "mpi4py[torch]" not in line
+
+
 def test_summary_tells_noise_from_a_slower_choice():
     same = _row(1024, "ringcomm", "auto", 41.0)
     same.chosen = "ring"
@@ -373,7 +387,9 @@ def test_round_summary_reads_each_launch_and_states_ratios_against_the_same_laun
         (folder / "allreduce.json").write_text(json.dumps({"meta": {"utc": "2026-12-06T10:00:00Z", "loadavg": [1.5]},
                                                            "rows": rows}))
         (folder / "a2a_sr.json").write_text(json.dumps({"rows": [row("sendrecv", 1 << 20, "mpi4py", "native", 100.0),
-                                                                 row("sendrecv", 1 << 20, "ringcomm", "auto", 150.0)]}))
+                                                                 row("sendrecv", 1 << 20, "ringcomm", "auto", 150.0),
+                                                                 row("sendrecv", 1 << 20, "ringcomm[torch]", "auto", 90.0),
+                                                                 row("sendrecv", 1 << 20, "mpi4py[torch]", "native", 30.0)]}))
         results = [{"impl": i, "ranks": 2, "step_s": s, "samples_per_s": 64 / s} for i, s in (("ringcomm", 0.04), ("torch", 0.06))]
         (folder / "ddp_mlp.json").write_text(json.dumps({"results": results}))
         n4 = [row("all_reduce", 1 << 20, "ringcomm", "auto", 130.0), row("all_reduce", 1 << 20, "ringcomm", "ring", 100.0),
@@ -386,7 +402,10 @@ def test_round_summary_reads_each_launch_and_states_ratios_against_the_same_laun
     assert table["4 ranks: worst auto / best forced (auto ran; best forced)"] == "1.30x at 1M (direct; ring)"
     assert table["1 KiB all_reduce / MPI (auto), numpy / torch"] == "0.35x / 0.40x"
     assert table["64 MiB all_reduce / x+=y floor, numpy / torch / empty"] == "1.30x / - / -"
-    assert table["1M sendrecv / MPI (its own command), numpy / torch / empty"] == "1.50x / - / -"
+    # the torch rows over MPI on their own memory, where the launch measured it
+    assert table["1M sendrecv / MPI (its own command), numpy / torch / empty"] == "1.50x / 3.00x / -"
+    assert table["1M MPI on torch's memory / on numpy's, all_to_all / sendrecv"] == "- / 0.30x"
+    assert table["1 KiB all_reduce / MPI (auto), numpy / torch"] == "0.35x / 0.40x"   # no [torch] MPI row: numpy's
     assert table["DDP MLP: ringcomm / torch-on-gloo samples/s (step ms: ringcomm, torch, torch on 'ringcomm')"] == \
         "1.50x (40.0, 60.0)"
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "round_summary.py"), str(tmp_path)],
