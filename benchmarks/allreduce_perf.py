@@ -25,9 +25,9 @@ Besides the backends of ``ringcomm.init`` two rows help read the others:
   path (a backend "mpi" of ringcomm.init should land close to it). With ``--tensor`` torch also
   ``mpi4py[torch]``: the same calls on the memory the torch rows use, their reference. A
   transfer MPICH makes by CMA costs what that memory's pages cost to pin and copy (1 MiB
-  send/recv: 25-48 us on torch's memory against 77-85 on numpy's in one run; docs/performance.md,
-  round forty-six), so a torch row over MPI on numpy's memory measured the allocators as much as
-  the library.
+  send/recv: 25-74 us on torch's memory against 73-87 on numpy's over twelve runs;
+  docs/performance.md, round forty-six), so a torch row over MPI on numpy's memory measured the
+  allocators as much as the library.
 A backend that cannot start is reported as ``backend X unavailable: <reason>`` and skipped.
 
 ``--split parity`` runs every collective on the two halves of a split by rank parity at once
@@ -562,7 +562,8 @@ def target_lines(rows: list[Row]) -> list[str]:
     for collective, size, backend, algorithm in sorted(subjects, key=lambda k: (k[0], k[2], k[3], k[1])):
         r = pick[(collective, size, backend, algorithm)]
         who = f"{format_size(size):>4} {collective} {backend}/{algorithm}"
-        mpi = pick.get((collective, size, reference(backend), "native")) or pick.get((collective, size, "mpi4py", "native"))
+        mpi = (pick.get((collective, size, reference(backend), "native"))
+               or pick.get((collective, size, "mpi4py", "native")))   # launches before mpi4py[torch]
         if mpi is not None:
             if collective == "all_reduce" and size == LATENCY_SIZE:
                 judge(f"{who} time vs {mpi.backend}", r.time_us / mpi.time_us, 1.0, False)
