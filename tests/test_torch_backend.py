@@ -419,3 +419,35 @@ def test_negative_views_reduce_the_values_they_show():
     assert gathered0 == gathered1 == s0 + s1
     assert (part0, part1) == (top[:2], top[2:])
     assert swapped0 == s0[:2] + s1[:2] and swapped1 == s0[2:] + s1[2:]
+
+
+def test_closing_the_engine_waits_for_its_threads_to_end():
+    """Engine.close returns only once its threads have ended: a thread ending during the
+    interpreter's exit drops tensors and futures there, and torch aborts the process
+    ('terminate called without an active exception'). A call still settling when close comes
+    (here: 0.3 s) holds close until it is done."""
+    from ringcomm.integrations.torch_engine import Engine
+
+    class Settling:   # the part of a Pending the completing thread uses
+        index, watched, error, what = 0, False, None, "fake all_reduce"
+
+        def __init__(self):
+            self.issued, self.settled = time.perf_counter(), threading.Event()
+
+        def settle(self):
+            time.sleep(0.3)
+            self.settled.set()
+
+        def publish(self):
+            pass
+
+    engine = Engine("test-engine")
+    pending = Settling()
+    with engine._cv:
+        engine._queue.append(pending)
+        engine._start_thread()
+        engine._cv.notify_all()
+    threads = list(engine._threads)
+    engine.close()
+    assert pending.settled.is_set()
+    assert threads and not any(t.is_alive() for t in threads), threads

@@ -13,6 +13,7 @@ import datetime
 import os
 import socket
 import threading
+import time
 import warnings
 
 import numpy as np
@@ -70,6 +71,11 @@ def rendezvous(world, timeout: float, backend: str):
 class C10dBackend(ReferenceCommunicator):
     """A reference backend over one torch.distributed process group (``pg``)."""
     pg = None
+    _waiters: frozenset = frozenset()   # send/recv threads (``_waited``) that may not have ended
+
+    def close(self) -> None:
+        super().close()       # withdraws what nobody matched: cancel() aborts the group under its thread
+        self.join_waiters()
 
     def tensor(self, flat, dtype: DType) -> torch.Tensor:
         """A torch view sharing the memory of a call's flat array (bf16 is stored as uint16):
@@ -164,7 +170,9 @@ class C10dBackend(ReferenceCommunicator):
             except CommError as err:
                 failed.append(err)
             done.set()
-        threading.Thread(target=waiter, daemon=True, name=f"ringcomm-{self.library}-p2p").start()
+        thread = threading.Thread(target=waiter, daemon=True, name=f"ringcomm-{self.library}-p2p")
+        self._waiters = frozenset(t for t in self._waiters if t.is_alive()) | {thread}
+        thread.start()
 
         def test() -> bool:
             if failed:
@@ -175,9 +183,20 @@ class C10dBackend(ReferenceCommunicator):
             # torch's Work cannot withdraw a send or receive, and a thread left waiting in the
             # library made torch abort the process at exit ("terminate called without an
             # active exception": gloo, an unreceived send, then close). Closing is the group's
-            # end anyway: aborting it now lets that thread go.
+            # end anyway: aborting it now lets that thread go; join_waiters sees it end.
             pg = self.pg
             if not done.is_set() and pg is not None and hasattr(pg, "abort"):
                 pg.abort()
-                done.wait(5.0)
         return with_deadline(test, self.timeout, work), cancel, not_passive
+
+    def join_waiters(self, timeout: float = 5.0) -> None:
+        """Wait (at most ``timeout`` seconds in all) for every send/recv thread to end, not just
+        to finish waiting: the thread drops its torch Work after it has said it is done, and a
+        Work's destructor takes the GIL back. Doing that while the interpreter exits killed
+        the thread inside the destructor (Python ends threads that ask for the GIL then), and
+        torch aborted the process: "terminate called without an active exception" after
+        every check of tests/mpi_jobs/unreceived_at_close.py had passed, 1 run in 20-30."""
+        deadline = time.monotonic() + timeout
+        for thread in self._waiters:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        self._waiters = frozenset(t for t in self._waiters if t.is_alive())

@@ -62,6 +62,9 @@ class GlooCommunicator(FramedPointToPoint, c10d.C10dBackend):
         """
         if self.pg is None:
             return
+        if any(t.is_alive() for t in self._waiters):   # the exit, with sends or receives never matched
+            self.pg.abort()
+        self.join_waiters()
         store = self._store
         self.pg = self._store = None   # the gloo group goes before this rank says it has
         if self.context or store is None:

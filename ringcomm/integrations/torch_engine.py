@@ -61,6 +61,7 @@ class Engine:
         self._inline: Optional[Pending] = None     # completed by the leading thread, still leading
         self._idle = 0
         self._started = 0
+        self._threads: list = []                  # those started and not yet seen to end
         self._closed = False
         self._local = threading.local()           # .publishing: index whose callbacks run here
         self.busy_seconds = 0.0                   # time some collective was in flight
@@ -183,15 +184,27 @@ class Engine:
             self.check_stall(last)
         return True
 
-    def close(self) -> None:
+    def close(self, timeout: float = 5.0) -> None:
+        """Let the threads go and wait (at most ``timeout`` seconds) until they have ended: a
+        thread that ends drops the last references to its calls' tensors and futures, whose
+        destructors take the GIL back, and a thread doing that while the interpreter exits is
+        ended inside torch's C++, which aborts the process ("terminate called without an
+        active exception"; seen once in CI after tests/mpi_jobs/torch_parallelisms.py had passed
+        every check, as with gloo's send/recv threads: backends/c10d.py, join_waiters)."""
         with self._cv:
             self._closed = True
             self._cv.notify_all()
+            threads = self._threads
+        me, deadline = threading.current_thread(), time.monotonic() + timeout
+        for thread in threads:
+            if thread is not me:   # a callback of ours may close the group
+                thread.join(max(0.0, deadline - time.monotonic()))
 
     # ---- completion -------------------------------------------------------------------------------
     def _start_thread(self) -> None:
         self._started += 1
         thread = threading.Thread(target=self._serve, daemon=True, name=f"{self._name}-{self._started}")
+        self._threads = [t for t in self._threads if t.is_alive()] + [thread]
         if self._comm is not None:
             # Its calls (queued ones, those of callbacks) come in the one issue order (module
             # doc), so the communicator's one-thread rule must not refuse them.

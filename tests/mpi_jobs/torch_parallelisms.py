@@ -15,6 +15,7 @@ rank; a mismatch prints "check NAME FAILED" and the job exits non-zero.
 import copy
 import gc
 import sys
+import threading
 import warnings
 from datetime import timedelta
 from typing import Optional
@@ -145,11 +146,15 @@ if SIZE == 4:
 pipelining()
 dist.barrier()
 # FSDP2's modules and the pipeline's stage sit in reference cycles that hold the process group
-# (and through it rank 0's TCPStore, whose server is a C++ thread): collected now, while the
-# interpreter is whole, not at its exit. Left to the exit, one CI run of the 2-rank job ended in
-# "terminate called without an active exception" (exit code 6) after every check had passed.
+# and its tensors: collected now, while the interpreter is whole, not during its exit.
 gc.collect()
 dist.destroy_process_group()
 gc.collect()
+# The group's own threads end before destroy_process_group returns (integrations/torch_engine.py,
+# Engine.close): one ending during the interpreter's exit is what aborts a process there.
+left = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
+if left:
+    failed.append("threads")
+    print(f"check no threads after destroy_process_group FAILED: {left}", flush=True)
 print(f"rank {RANK} done, {len(failed)} failed", flush=True)
 sys.exit(1 if failed else 0)
