@@ -13,7 +13,6 @@ import datetime
 import os
 import socket
 import threading
-import time
 import warnings
 
 import numpy as np
@@ -24,6 +23,7 @@ from ..bootstrap import allgather_within
 from ..point_to_point import not_passive, with_deadline
 from ..core.ops import DType, ReduceOp
 from ..errors import CommError
+from ..transport.polling import join_threads
 from .reference import ReferenceCommunicator, comm_error
 
 LOOPBACK = "127.0.0.1"
@@ -196,7 +196,4 @@ class C10dBackend(ReferenceCommunicator):
         the thread inside the destructor (Python ends threads that ask for the GIL then), and
         torch aborted the process: "terminate called without an active exception" after
         every check of tests/mpi_jobs/unreceived_at_close.py had passed, 1 run in 20-30."""
-        deadline = time.monotonic() + timeout
-        for thread in self._waiters:
-            thread.join(max(0.0, deadline - time.monotonic()))
-        self._waiters = frozenset(t for t in self._waiters if t.is_alive())
+        self._waiters = frozenset(join_threads(self._waiters, timeout))

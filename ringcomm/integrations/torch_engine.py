@@ -40,6 +40,7 @@ import time
 from typing import Optional
 
 from ..errors import CommError, CommTimeoutError
+from ..transport.polling import join_threads
 from .torch_work import ABORT_GRACE, Pending
 
 
@@ -195,10 +196,7 @@ class Engine:
             self._closed = True
             self._cv.notify_all()
             threads = self._threads
-        me, deadline = threading.current_thread(), time.monotonic() + timeout
-        for thread in threads:
-            if thread is not me:   # a callback of ours may close the group
-                thread.join(max(0.0, deadline - time.monotonic()))
+        join_threads(threads, timeout)   # not the calling thread: a callback of ours may close the group
 
     # ---- completion -------------------------------------------------------------------------------
     def _start_thread(self) -> None:

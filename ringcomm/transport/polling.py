@@ -24,6 +24,7 @@ sleeper leaves the run queue), so waits sleep.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Optional
 
@@ -82,3 +83,15 @@ def wait_polling(test, timeout: Optional[float], aborted=lambda: None, spin: Opt
             nap = min(nap * 2, MAX_SLEEP)
         if test():
             return True
+
+
+def join_threads(threads, timeout: float) -> list:
+    """Join ``threads`` within ``timeout`` seconds in all (not each), skipping the calling thread
+    (a callback may close what runs it); returns those still alive. For threads that hold torch
+    objects, which must end before the interpreter's exit does (integrations/torch_engine.py,
+    backends/c10d.py)."""
+    me, deadline = threading.current_thread(), time.monotonic() + timeout
+    for thread in threads:
+        if thread is not me:
+            thread.join(max(0.0, deadline - time.monotonic()))
+    return [t for t in threads if t.is_alive()]
