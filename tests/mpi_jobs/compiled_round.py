@@ -131,33 +131,48 @@ def sent(src, dst, n, storage):
     return ((np.arange(n) + 1000 * src + 100 * dst) % 120).astype(storage)
 
 
+def direct_case(storage, case):
+    rng = np.random.default_rng(case)
+    table = rng.integers(0, 40, (size, size))   # table[i][j]: elements rank i sends rank j
+    if case == 1:
+        table[case % size] = 0                  # a rank that sends nothing
+    if case == 2:
+        table[:, case % size] = 0               # a rank that receives nothing
+    if case == 3 and storage is np.float32:
+        table[1 % size][0] = 16 << 20           # 64 MiB to rank 0: its peers wait in round 2
+    even = case == 4
+    if even:
+        table[:] = 33
+    if case == 5 and rank == 1 % size:
+        time.sleep(0.02)                        # its peers wait in round 1
+    x = np.concatenate([sent(rank, j, table[rank][j], storage) for j in range(size)])
+    out = np.full(table[:, rank].sum(), -1, storage)
+    splits = () if even else (list(table[:, rank]), list(table[rank]))
+    comm.all_to_all(out, x, *splits, algorithm="direct")
+    expected = np.concatenate([sent(j, rank, table[j][rank], storage) for j in range(size)])
+    assert out.tobytes() == expected.tobytes(), f"direct all_to_all {storage.__name__} case {case}"
+
+
+def waited_in_round_two():
+    return recorder is None or rank == 0 or 3 in recorder.statuses
+
+
 for storage in (np.float32, np.int16, np.float64):
     for case in range(7):
-        rng = np.random.default_rng(case)
-        table = rng.integers(0, 40, (size, size))   # table[i][j]: elements rank i sends rank j
-        if case == 1:
-            table[case % size] = 0                  # a rank that sends nothing
-        if case == 2:
-            table[:, case % size] = 0               # a rank that receives nothing
-        if case == 3 and storage is np.float32:
-            table[1 % size][0] = 16 << 20           # 64 MiB to rank 0: its peers wait in round 2
-        even = case == 4
-        if even:
-            table[:] = 33
-        if case == 5 and rank == 1 % size:
-            time.sleep(0.02)                        # its peers wait in round 1
-        x = np.concatenate([sent(rank, j, table[rank][j], storage) for j in range(size)])
-        out = np.full(table[:, rank].sum(), -1, storage)
-        splits = () if even else (list(table[:, rank]), list(table[rank]))
-        comm.all_to_all(out, x, *splits, algorithm="direct")
-        expected = np.concatenate([sent(j, rank, table[j][rank], storage) for j in range(size)])
-        assert out.tobytes() == expected.tobytes(), f"direct all_to_all {storage.__name__} case {case}"
+        direct_case(storage, case)
         checks += 1
+# A peer descheduled while rank 0 reads its 64 MiB (more ranks than cores) may find the read
+# done when it looks: case 3 again until every compiled peer has waited in round 2 once.
+for _ in range(8):
+    if world.allreduce(waited_in_round_two(), op=MPI.LAND):
+        break
+    direct_case(np.float32, 3)
+    checks += 1
 if recorder is not None:
     seen = set(recorder.statuses)
     # 0 (done) where every rank has a core; ranks sharing cores poll briefly and stop for Python
     assert 1 in seen and seen <= STOPS, f"rank {rank}: the compiled direct calls did {recorder.statuses}"
-    assert rank == 0 or 3 in seen, f"rank {rank}: no call waited in round 2: {recorder.statuses}"
+    assert waited_in_round_two(), f"rank {rank}: no call waited in round 2 in 9 tries: {recorder.statuses}"
 
 # The memo's road (persistent.WindowCall): blocking calls on the same buffers run, from the third
 # on, the compiled direct call straight from the road built once; a peer late in the fifth stops
