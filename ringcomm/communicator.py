@@ -11,8 +11,10 @@ core/progress.py); sub-communicators are subcommunicators.py.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
+import weakref
 from typing import Callable, NamedTuple, Optional
 
 import numpy as np
@@ -41,6 +43,18 @@ from .work import Work
 DEFAULT_TIMEOUT = 300.0
 PLAN_MEMO = 1024   # distinct call shapes remembered; a training loop repeats a handful
 _log = logging.getLogger("ringcomm.selector")
+
+# Every communicator of this process, so that a forked child can disown them (``_disown``).
+_LIVE: "weakref.WeakSet[Communicator]" = weakref.WeakSet()
+
+
+def _disown_all() -> None:
+    for comm in list(_LIVE):
+        comm._disown()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_disown_all)
 
 
 class _Plan(NamedTuple):
@@ -82,6 +96,8 @@ class Communicator(PointToPoint, SubCommunicators):
         self._holding = True       # until close() gives up this communicator's hold
         self._broken: Optional[BaseException] = None
         self._closed = False
+        self._forked: Optional[str] = None   # why a forked child cannot use it (``_disown``)
+        self._pid = os.getpid()
         self._notices: list = []           # abort notices in flight; kept so they are not freed early
         # The buffers of the call that broke this communicator, kept alive from then on: a peer
         # still in that call may yet write into them (direct gather writes the root's output),
@@ -104,6 +120,20 @@ class Communicator(PointToPoint, SubCommunicators):
                 raise UsageError(f"RINGCOMM_ALGO forces {collective}={forced}, which needs ranks that "
                                  f"share memory (a transport with a shared window: shm on one node, "
                                  f"or threads); this {self._windowless()}")
+        _LIVE.add(self)
+
+    def _disown(self) -> None:
+        """In a child forked from this process (a DataLoader worker, a multiprocessing fork):
+        the child shares the parent's shared memory, sockets and sequence numbers, but its peers
+        pair every call with the parent. Two forked children's all_reduces summed each other's
+        data and put the parents' next call out of step; one child's call would pair with a
+        peer's call meant for its parent. So every call raises here, and close() lets go of
+        nothing the parent still uses."""
+        self._forked = (f"this process (pid {os.getpid()}) is a fork of the one that created the communicator "
+                        f"(pid {self._pid}), and its peers pair every call with that process; a forked "
+                        f"child (a DataLoader worker, a multiprocessing fork) cannot communicate on it: "
+                        f"leave communication to the parent")
+        self._broken = UsageError(self._forked)   # the roads that skip _check_usable refuse it too
 
     # ---- collectives ------------------------------------------------------------------------------
     def all_reduce(self, x, op="sum", *, out=None, algorithm=None, async_op=False):
@@ -228,7 +258,12 @@ class Communicator(PointToPoint, SubCommunicators):
 
     def close(self) -> None:
         """No further calls (they raise at once); calls already issued finish first. Device
-        memory of the CUDA IPC transport is released (with every rank of the node that closes)."""
+        memory of the CUDA IPC transport is released (with every rank of the node that closes).
+        In a forked child it only marks this copy closed (``_disown``)."""
+        if self._forked is not None:
+            self._closed = True
+            self._plans, self._fast, self._p2p = {}, FastCalls(), PreparedP2P()
+            return
         with self.engine.state:   # a call checks it under state, so none starts after this
             self._closed = True
         wait = (self.timeout or DEFAULT_TIMEOUT) + 5
@@ -527,6 +562,8 @@ class Communicator(PointToPoint, SubCommunicators):
         return work if async_op else work.wait()
 
     def _check_usable(self, what: str) -> None:
+        if self._forked is not None:
+            raise UsageError(f"{what} on rank {self.rank}: {self._forked}")
         if self._closed:
             raise CommError(f"{what} on rank {self.rank}: the communicator is closed")
         if self._broken is not None:

@@ -40,6 +40,16 @@ def test_torch_distributed_on_ringcomm(backend):
     _checks_passed(out, 2, ["backend_name", "collectives", "torch_ddp_matches_gloo"])
 
 
+@pytest.mark.mpi
+@pytest.mark.parametrize("backend", ["ringcomm", "mpi", "gloo"])
+def test_forked_children_are_refused_and_dataloader_workers_leave_the_group_intact(backend):
+    """A child forked from a rank (os.fork, a DataLoader worker) raises on every call instead of
+    pairing with its parent's peers, and its close() leaves the parent's group working
+    (mpi_jobs/forked_children.py): before, two children's all_reduces summed each other's data."""
+    out = run_mpi(2, "forked_children.py", backend, timeout=120).stdout
+    _checks_passed(out, 2, ["children_refused", "dataloader_workers"])
+
+
 def test_ddp_matches_torch_ddp_where_they_once_parted():
     """Against torch's DDP over gloo in one job: unused parameters (never, some steps, one rank,
     after no_sync), buffers after no_sync, bucket_cap_mb=0, static_graph, a model converted after

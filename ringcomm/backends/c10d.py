@@ -27,6 +27,8 @@ from ..transport.polling import join_threads
 from .reference import ReferenceCommunicator, comm_error
 
 LOOPBACK = "127.0.0.1"
+# What a forked child must never destroy (C10dBackend._disown): kept until the child ends.
+_PARENTS: list = []
 _OPS = {ReduceOp.SUM: dist.ReduceOp.SUM, ReduceOp.AVG: dist.ReduceOp.SUM, ReduceOp.PREMUL_SUM: dist.ReduceOp.SUM,
         ReduceOp.PROD: dist.ReduceOp.PRODUCT, ReduceOp.MIN: dist.ReduceOp.MIN, ReduceOp.MAX: dist.ReduceOp.MAX,
         ReduceOp.BAND: dist.ReduceOp.BAND, ReduceOp.BOR: dist.ReduceOp.BOR, ReduceOp.BXOR: dist.ReduceOp.BXOR}
@@ -76,6 +78,13 @@ class C10dBackend(ReferenceCommunicator):
     def close(self) -> None:
         super().close()       # withdraws what nobody matched: cancel() aborts the group under its thread
         self.join_waiters()
+
+    def _disown(self) -> None:
+        """A forked child shares the parent's sockets (and on rank 0 the store's server): a
+        group or store destroyed here shuts them down under the parent, whose next collective on
+        that group then waited out gloo's timeout. The child keeps them, unused, until it ends."""
+        super()._disown()
+        _PARENTS.append((self.pg, getattr(self, "_store", None)))
 
     def tensor(self, flat, dtype: DType) -> torch.Tensor:
         """A torch view sharing the memory of a call's flat array (bf16 is stored as uint16):

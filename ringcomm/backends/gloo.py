@@ -60,7 +60,7 @@ class GlooCommunicator(FramedPointToPoint, c10d.C10dBackend):
         still posted on the world, and a barrier there paired with it on the peers, so the exit
         waited out its bound. A sub-communicator's group only goes: the store is the world's.
         """
-        if self.pg is None:
+        if self.pg is None or self._forked is not None:   # the parent's, not this forked child's
             return
         if any(t.is_alive() for t in self._waiters):   # the exit, with sends or receives never matched
             self.pg.abort()
@@ -82,7 +82,7 @@ class GlooCommunicator(FramedPointToPoint, c10d.C10dBackend):
         """A sub-communicator's gloo group goes with it (its sockets and threads), without the
         exit's barrier: the world's store, which its peers may still use, is not its own."""
         super().close()
-        if self.context and self.pg is not None:
+        if self.context and self.pg is not None and self._forked is None:
             atexit.unregister(self._release)
             self.pg = self._store = None
 
