@@ -31,7 +31,8 @@ from .core.schedule import DEFAULT_SEGMENT_BYTES, DEVICE_SEGMENT_BYTES
 from .core.streams import scope_for
 from .diagnostics import preflight
 from .diagnostics.flight_recorder import FlightRecorder
-from .errors import CommError, CommTimeoutError, CommunicatorLimitError, PeerAbortedError, UsageError, bad_type, bad_value
+from .errors import (CommError, CommTimeoutError, CommunicatorLimitError, PeerAbortedError, RingcommError, UsageError,
+                     bad_type, bad_value)
 from .persistent import _SLOW, NO_LAST, FastCalls, Persistent, PreparedP2P
 from .point_to_point import PointToPoint
 from .selection.selector import Selector
@@ -559,7 +560,13 @@ class Communicator(PointToPoint, SubCommunicators):
                 return self._execute(seq, call, job, entry, scope)
             finally:
                 engine.release_inline()
-        return work if async_op else work.wait()
+        if async_op:
+            return work
+        try:
+            return work.wait()
+        except BaseException as err:   # a blocking call left: it runs on, and its caller cannot tell
+            self._interrupted(err, work.description, call)
+            raise
 
     def _check_usable(self, what: str) -> None:
         if self._forked is not None:
@@ -594,10 +601,12 @@ class Communicator(PointToPoint, SubCommunicators):
             raise
         except CommError as err:
             entry.state = f"failed: {type(err).__name__}"
+            err = self._named(err, f"{call.name} #{seq} on rank {self.rank}")
             self._fail(err, call)
-            raise
+            raise err
         except BaseException as err:
             entry.state = f"failed: {type(err).__name__}"
+            self._interrupted(err, f"{call.name} #{seq} on rank {self.rank}", call)
             raise
         entry.state, entry.ended = "done", time.monotonic()
         return result
@@ -623,11 +632,11 @@ class Communicator(PointToPoint, SubCommunicators):
         """A transport that saw a peer give up (a flag in shared memory, a released wait) knows
         only that it did; the peer's abort notice says why. Read it, if it came. Without one,
         the error still names the call (``what``: "all_reduce #7 on rank 1")."""
-        if " gave up: " in str(err):
-            return err
         named = err if str(err).startswith(what.split(" on rank ")[0]) else PeerAbortedError(f"{what}: {err}")
         if named is not err:
             named.__cause__ = err
+        if " gave up: " in str(err):   # the notice read already (a transport's aborted_reason)
+            return named
         try:
             notice = self.transport.probe(None, ABORT_TAG)
             if notice is None:
@@ -637,6 +646,37 @@ class Communicator(PointToPoint, SubCommunicators):
             return named
         better.__cause__ = err
         return better
+
+    def _named(self, err: CommError, what: str) -> CommError:
+        """``err`` naming its call (``what``: "all_reduce #7 on rank 1"), where it is a transport's
+        own words: "shm transport on rank 1: cannot read 524288 bytes at ... of rank 0" came with
+        no call, and no word of the peer's abort notice that had come first (it was interrupted
+        and had exited since); with one waiting, its reason goes in too."""
+        if str(err).startswith(what.split(" on rank ")[0]):
+            return err
+        try:
+            why = self._peer_gave_up()
+        except CommError:
+            why = None
+        try:
+            named = type(err)(f"{what}: {err}" + (f"; {why}" if why else ""))
+        except Exception:   # a subclass built otherwise: its own words stand
+            return err
+        named.__cause__ = err
+        return named
+
+    def _interrupted(self, err: BaseException, what: str, call: Optional[Call] = None) -> None:
+        """A call left in the middle by an exception not the library's own: KeyboardInterrupt
+        (Ctrl-C in a notebook), one raised by a signal handler, a bug. Its messages are half
+        moved and nobody can tell which: a blocking recv retried after Ctrl-C took the sender's
+        next message, and the first landed later in the abandoned buffer. So the communicator is
+        broken from here on, loudly on every rank (``_fail`` tells the peers at once, instead of
+        leaving them to wait for this rank until their timeout); ``err`` itself propagates."""
+        if isinstance(err, RingcommError) or self._broken is not None:
+            return
+        why = f": {err}" if str(err) else ""
+        self._fail(CommError(f"{what}: interrupted by {type(err).__name__}{why} with its messages half moved; "
+                             f"this communicator cannot go on (a new one can: ringcomm.init)"), call)
 
     def _fail(self, err: CommError, call: Optional[Call] = None) -> None:
         """The communicator is broken from now on; tell the peers so that they fail fast too.

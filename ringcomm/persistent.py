@@ -140,6 +140,10 @@ class WindowCall:
             entry.state = f"failed: {type(err).__name__}"
             comm._fail(err, call)
             raise
+        except BaseException as err:   # mid-round (Ctrl-C): Communicator._interrupted
+            entry.state = f"failed: {type(err).__name__}"
+            comm._interrupted(err, f"{call.collective.name} #{seq} on rank {comm.rank}", call)
+            raise
         finally:
             engine.release_inline()
         return call.result

@@ -67,7 +67,11 @@ class PointToPoint:
             finally:
                 engine.done()
         else:
-            result = work.wait()
+            try:
+                result = work.wait()
+            except BaseException as err:   # the operation stays posted: Communicator._interrupted
+                self._interrupted(err, work.description)
+                raise
         return (result, work.source) if name == "recv" and call.peer is None else result
 
     def _post_async(self, call: Call, work: Work, entry, scope=None) -> None:
@@ -120,6 +124,8 @@ class PointToPoint:
             settle(entry, work, f"failed: {type(err).__name__}")
             if isinstance(err, CommError):
                 self._fail(err)
+            else:   # left posted with nobody to finish it: Communicator._interrupted
+                self._interrupted(err, work.description)
             raise
         settle(entry, work, "done")
         return call.result

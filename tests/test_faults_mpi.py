@@ -308,3 +308,17 @@ def test_a_send_withdrawn_by_its_senders_close_is_received_exact_or_fails_naming
     named neither itself nor the close (mpi_jobs/withdrawn_send.py)."""
     proc = run_mpi(2, "withdrawn_send.py", timeout=60)
     assert "withdrawn-send ok" in proc.stdout, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("backend", ["ringcomm", "mpi", "gloo"])
+def test_a_rank_interrupted_mid_call_breaks_the_communicator_loudly_on_every_rank(backend):
+    """Ctrl-C (a KeyboardInterrupt from a signal handler) in a blocking recv, a remembered
+    all_reduce, a persistent one and a ring: a recv retried after it once took the sender's next
+    message, the first landing later in the abandoned buffer; peers waited out their timeout.
+    Now the interrupted rank's later calls raise and its peers hear why within seconds
+    (mpi_jobs/interrupted.py)."""
+    out = run_mpi(2, "interrupted.py", backend, timeout=120).stdout
+    cases = ["recv", "all_reduce", "persistent"] + (["ring"] if backend == "ringcomm" else [])
+    for name in cases:
+        assert out.count(f"check {name} ok") == 2, out
+    assert out.count(" done") == 2, out

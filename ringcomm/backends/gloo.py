@@ -16,10 +16,12 @@ import datetime
 
 import torch.distributed as dist
 
-from ..errors import UsageError
+from ..errors import PeerAbortedError, UsageError
 from . import c10d
 from .framed import FramedPointToPoint, Frames
 from .reference import comm_error
+
+NOTICE_SLICE = datetime.timedelta(seconds=0.5)   # how often a gloo wait looks for a peer's abort notice
 
 
 class GlooCommunicator(FramedPointToPoint, c10d.C10dBackend):
@@ -102,8 +104,22 @@ class GlooCommunicator(FramedPointToPoint, c10d.C10dBackend):
                              f"memory on {call.device}; use backend 'ringcomm' (CUDA IPC) or 'nccl'")
 
     def _wait(self, handle, keep, what: str) -> None:
+        """gloo's blocking wait, in slices of NOTICE_SLICE: between them a peer's abort notice
+        ends it. A peer interrupted after its pre-flight paired with this rank's never enters the
+        gloo call, and this rank waited on gloo's sockets, where no notice comes, for all of
+        gloo's timeout (60 s in tests/mpi_jobs/interrupted.py). A sliced wait that runs out
+        withdraws nothing: the call completes, with its result, at the next slice."""
         try:
-            handle.wait()
+            while True:
+                try:
+                    handle.wait(NOTICE_SLICE)
+                    return
+                except RuntimeError as err:
+                    if "Operation timed out" not in str(err):   # gloo's own timeout says otherwise
+                        raise
+                why = self.transport.aborted_reason()
+                if why is not None:
+                    raise PeerAbortedError(f"{what} on rank {self.rank}: {why}")
         except RuntimeError as err:   # gloo reports timeouts and lost peers as RuntimeError
             raise comm_error(f"{what} on rank {self.rank}", "gloo", err) from err
 

@@ -16,10 +16,12 @@ import numpy as np
 from ..bootstrap import allgather_within
 from ..communicator import Communicator
 from ..diagnostics import preflight
-from ..errors import CommError, CommTimeoutError, UsageError, bad_type, bad_value
+from ..errors import CommError, CommTimeoutError, PeerAbortedError, UsageError, bad_type, bad_value
 from ..transport.mpi import MPIRequest, MPITransport, new_communicator
+from ..transport.polling import wait_polling
 
 _stranded: list = []   # timed-out checks' requests and the buffers MPI may still write
+NOTICE_GRACE = 2.0     # seconds a pre-flight exchange may still take once a peer gave up (_preflight)
 
 
 class ReferenceCommunicator(Communicator):
@@ -67,7 +69,17 @@ class ReferenceCommunicator(Communicator):
         row = np.array(mine + preflight.parts(call, self.size), np.int64)
         rows = np.empty(self.size * row.size, np.int64)
         request = self.world.Iallgather(row, rows)
-        if not MPIRequest(request, self.transport).wait(self.timeout):
+        waited = MPIRequest(request, self.transport)
+        try:
+            done = waited.wait(self.timeout)
+        except PeerAbortedError:
+            # A peer that compared first found a mismatch and gave up while this rank's copy of
+            # the exchange was still landing: finish it, so that this rank names the mismatch
+            # too (every rank raises MismatchError) rather than only that a peer gave up.
+            if not wait_polling(waited.test, NOTICE_GRACE):
+                raise
+            done = True
+        if not done:
             _stranded.append((request, row, rows))   # MPI cannot withdraw a collective
             raise CommTimeoutError(f"{call.name} #{seq} ({self.backend}) pre-flight check on rank {self.rank}: MPI "
                                    f"did not complete it within {self.timeout:g} s; a peer may not have entered it")

@@ -15,7 +15,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..core.envelope import CLOSE_CODE
+from ..core.envelope import ABORT_TAG, CLOSE_CODE
 from ..errors import CommunicatorLimitError, MismatchError, UsageError
 from .base import Request, Transport
 from .polling import wait_polling
@@ -201,6 +201,7 @@ class MPITransport(Transport):
         self.comm, self.own = comm, own
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self._aborted: Optional[str] = None
+        self._gave_up: Optional[str] = None   # a peer's abort notice, once read (aborted_reason)
         self._byte = self.byte = MPI.BYTE
         self.new_status = MPI.Status
         self.ledger = Ledger(comm, self.size) if ledger is None else ledger
@@ -257,7 +258,21 @@ class MPITransport(Transport):
             self.ledger.retire()
 
     def aborted_reason(self) -> Optional[str]:
-        return self._aborted
+        """Why waits here must stop: this rank aborted the transport, or a peer's abort notice
+        (Communicator._fail) came, read and kept. Asked only while a wait sleeps: the reference
+        backends' waits then end as the peer gives up, not at their own timeout."""
+        if self._aborted is None and self._gave_up is None:
+            notice = self.probe(None, ABORT_TAG)
+            if notice is not None:
+                source, _, nbytes = notice
+                text = np.empty(nbytes, np.uint8)
+                request = self.irecv(text, source, ABORT_TAG)   # the probe saw it whole: it is here
+                for _ in range(1000):
+                    if request.test():
+                        break
+                reason = text.tobytes().decode(errors="replace") if request.test() else "(its reason did not arrive)"
+                self._gave_up = f"rank {source} gave up: {reason}"
+        return self._aborted or self._gave_up
 
     def abort(self, reason: BaseException) -> None:
         self._aborted = f"aborted: {reason}"

@@ -210,15 +210,18 @@ def large_send_recv(group):
 
 
 def recv_anysource(group):
+    """Ends with a barrier: a rank that went on to batch_isend_irecv sent rank 0 a message under
+    the same tag, which rank 0's last receive from any rank took on gloo (48 bytes into 8)."""
+    got = []
     if RANK == 0:
-        got = []
         for _ in range(SIZE - 1):
             t = torch.zeros(2)
             src = dist.recv(t, group=group)
             got.append((src, t.tolist()))
-        return sorted(got)
-    dist.send(data(2, torch.float32, 5), 0, group=group)
-    return []
+    else:
+        dist.send(data(2, torch.float32, 5), 0, group=group)
+    dist.barrier(group=group)
+    return sorted(got)
 
 
 def batch_isend_irecv(group):
