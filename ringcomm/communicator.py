@@ -675,8 +675,8 @@ class Communicator(PointToPoint, SubCommunicators):
         if isinstance(err, RingcommError) or self._broken is not None:
             return
         why = f": {err}" if str(err) else ""
-        self._fail(CommError(f"{what}: interrupted by {type(err).__name__}{why} with its messages half moved; "
-                             f"this communicator cannot go on (a new one can: ringcomm.init)"), call)
+        self._fail(CommError(f"{what}: interrupted by {type(err).__name__}{why}; its messages are half moved, "
+                             f"so this communicator cannot go on (a new one can: ringcomm.init)"), call)
 
     def _fail(self, err: CommError, call: Optional[Call] = None) -> None:
         """The communicator is broken from now on; tell the peers so that they fail fast too.

@@ -69,6 +69,9 @@ def as_buffer(x, collective: str, argument: str, read_only: bool = False) -> Buf
         return _numpy_buffer(x, collective, argument, read_only)
     if is_torch(x):
         return _torch_buffer(x, collective, argument)
+    if isinstance(x, np.ma.MaskedArray):   # its views keep the mask: a byte view failed mid-collective
+        raise bad_value(collective, argument, "an array without a mask (the mask would be ignored: pass "
+                        "x.filled(value), or x.data)", "a numpy.ma.MaskedArray")
     if isinstance(x, np.ndarray):
         return _numpy_buffer(x, collective, argument, read_only)
     if is_device_array(x):
