@@ -274,16 +274,27 @@ class _InTurn(_Posted):
             self.request.cancel()
 
 
-def with_deadline(test: Callable[[], bool], timeout: Optional[float], work: Work) -> Callable[[], bool]:
-    """``test`` that raises CommTimeoutError once ``timeout`` seconds have passed unfinished: for
-    the reference backends' ``_post``, whose library's tests have no deadline of their own."""
+def with_deadline(test: Callable[[], bool], timeout: Optional[float], work: Work,
+                  aborted: Callable[[], Optional[str]] = lambda: None) -> Callable[[], bool]:
+    """``test`` that raises CommTimeoutError once ``timeout`` seconds have passed unfinished, and
+    PeerAbortedError once ``aborted()`` (asked every DIAGNOSE_EVERY seconds) names a peer that
+    gave up: for the reference backends' ``_post``, whose library's tests have neither. A recv
+    on backend mpi or gloo whose peer was interrupted waited out the whole timeout."""
     deadline = deadline_of(timeout)
+    next_probe = time.monotonic() + executor.DIAGNOSE_EVERY
 
     def guarded() -> bool:
+        nonlocal next_probe
         if test():
             return True
-        if deadline is not None and time.monotonic() >= deadline:
+        now = time.monotonic()
+        if deadline is not None and now >= deadline:
             raise CommTimeoutError(f"{work.description}: timed out after {timeout:g} s")
+        if now >= next_probe:
+            next_probe = now + executor.DIAGNOSE_EVERY
+            why = aborted()
+            if why is not None and not test():
+                raise PeerAbortedError(f"{work.description}: {why}")
         return False
     return guarded
 

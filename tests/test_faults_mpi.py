@@ -318,7 +318,7 @@ def test_a_rank_interrupted_mid_call_breaks_the_communicator_loudly_on_every_ran
     Now the interrupted rank's later calls raise and its peers hear why within seconds
     (mpi_jobs/interrupted.py)."""
     out = run_mpi(2, "interrupted.py", backend, timeout=120).stdout
-    cases = ["recv", "all_reduce", "persistent"] + (["ring"] if backend == "ringcomm" else [])
+    cases = ["recv", "recv_both", "all_reduce", "persistent"] + (["ring"] if backend == "ringcomm" else [])
     for name in cases:
         assert out.count(f"check {name} ok") == 2, out
     assert out.count(" done") == 2, out

@@ -196,7 +196,7 @@ class C10dBackend(ReferenceCommunicator):
             pg = self.pg
             if not done.is_set() and pg is not None and hasattr(pg, "abort"):
                 pg.abort()
-        return with_deadline(test, self.timeout, work), cancel, not_passive
+        return with_deadline(test, self.timeout, work, self.transport.aborted_reason), cancel, not_passive
 
     def join_waiters(self, timeout: float = 5.0) -> None:
         """Wait (at most ``timeout`` seconds in all) for every send/recv thread to end, not just

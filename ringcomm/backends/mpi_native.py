@@ -103,7 +103,7 @@ class MPINativeCommunicator(ReferenceCommunicator):
                     raise MismatchError(f"{work.description}: the message has {got} bytes, the receive "
                                         f"expected {expected}")
             return True
-        return with_deadline(test, self.timeout, work), req.Cancel, not_passive
+        return with_deadline(test, self.timeout, work, self.transport.aborted_reason), req.Cancel, not_passive
 
     def _sub_backend(self, sub_world, members, path):
         return MPINativeCommunicator(sub_world, self._sub_topology(members), timeout=self.timeout, context=path)
