@@ -638,12 +638,12 @@ class Communicator(PointToPoint, SubCommunicators):
         if " gave up: " in str(err):   # the notice read already (a transport's aborted_reason)
             return named
         try:
-            notice = self.transport.probe(None, ABORT_TAG)
-            if notice is None:
-                return named
-            better = PeerAbortedError(f"{what}: {executor.read_notice(self.transport, notice)}")
+            why = self._peer_gave_up()
         except CommError:
             return named
+        if why is None:
+            return named
+        better = PeerAbortedError(f"{what}: {why}")
         better.__cause__ = err
         return better
 
