@@ -480,7 +480,7 @@ class Communicator(PointToPoint, SubCommunicators):
     def _peer_gave_up(self) -> Optional[str]:
         """"rank R gave up: <its reason>" if a peer's abort notice waits here, else None."""
         notice = self.transport.probe(None, ABORT_TAG)
-        return None if notice is None else executor.read_notice(self.transport, notice)
+        return None if notice is None else self.transport.read_notice(notice)
 
     @staticmethod
     def _logging() -> bool:

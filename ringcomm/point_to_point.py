@@ -205,7 +205,7 @@ class _Posted:
         transport = self.comm.transport
         notice = transport.probe(peer, ABORT_TAG)
         if notice is not None:
-            raise PeerAbortedError(f"{self.work.description}: {executor.read_notice(transport, notice)}")
+            raise PeerAbortedError(f"{self.work.description}: {transport.read_notice(notice)}")
         window = transport.window   # a peer that closed this communicator: executor._Watch.diagnose
         gone = None if window is None or peer is None else window.gone(peer)
         if gone is not None and not self.moved():

@@ -164,13 +164,13 @@ class _Watch:
         notice = self.transport.probe(None, ABORT_TAG)
         if notice is None:
             return err
-        return PeerAbortedError(f"{self.what} on rank {self.transport.rank}: {read_notice(self.transport, notice)}")
+        return PeerAbortedError(f"{self.what} on rank {self.transport.rank}: {self.transport.read_notice(notice)}")
 
     def diagnose(self, peer: int, done=None) -> None:
         transport = self.transport
         notice = transport.probe(None, ABORT_TAG)
         if notice is not None:
-            raise PeerAbortedError(f"{self.what} on rank {transport.rank}: {read_notice(transport, notice)}")
+            raise PeerAbortedError(f"{self.what} on rank {transport.rank}: {transport.read_notice(notice)}")
         # A point-to-point send still waiting for its receive is no sign of disagreement: MPI lets
         # a rank send, run collectives, and receive afterwards. Such sends are passed over, so a
         # collective message behind one still explains a stall.
@@ -253,15 +253,6 @@ class _Watch:
                        for lane in self.lanes for _, ops, _, _ in lane for op in ops if not isinstance(op, Send))
 
 
-def read_notice(transport: Transport, notice: tuple) -> str:
-    """Receive the abort notice ``probe`` found: "rank R gave up: <its reason>"."""
-    source, tag, nbytes = notice
-    text = np.empty(nbytes, np.uint8)
-    got = transport.irecv(text, source, tag).wait(1.0)
-    reason = text.tobytes().decode(errors="replace") if got else "(its reason did not arrive)"
-    return f"rank {source} gave up: {reason}"
-
-
 def run(compiled: Compiled, transport: Transport, bufs: tuple, reduce: Optional[Reducer], *,
         envelope: Envelope, timeout: Optional[float], what: str) -> None:
     """Execute a compiled program over ``bufs`` (IN, OUT, TMP arrays; TMP may be None when the
@@ -342,7 +333,7 @@ def gave_up(transport: Transport, peer: int, what: str) -> PeerAbortedError:
         if notice is None:
             time.sleep(1e-4)
     if notice is not None:
-        return PeerAbortedError(f"{what} on rank {transport.rank}: {read_notice(transport, notice)}")
+        return PeerAbortedError(f"{what} on rank {transport.rank}: {transport.read_notice(notice)}")
     window = transport.window
     others = () if window is None else (window.gone(r) for r in range(window.size) if r not in (peer, window.rank))
     why = next((reason for reason in others if reason is not None), None)

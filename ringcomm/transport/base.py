@@ -133,6 +133,15 @@ class Transport(ABC):
         (its named buffers). Sends may come from any of them, receives land in them directly."""
         yield
 
+    def read_notice(self, notice: tuple, timeout: float = 1.0) -> str:
+        """Receive the abort notice (Communicator._fail) that ``probe`` found, as
+        "rank R gave up: <its reason>"; the probe saw it whole, so it is here within ``timeout``."""
+        source, tag, nbytes = notice
+        text = np.empty(nbytes, np.uint8)
+        got = self.irecv(text, source, tag).wait(timeout)
+        reason = text.tobytes().decode(errors="replace") if got else "(its reason did not arrive)"
+        return f"rank {source} gave up: {reason}"
+
     def probe(self, source: Optional[int], tag: Optional[int] = None, context: int = 0,
               skip: int = 0) -> Optional[tuple]:
         """(source, tag, nbytes) of the earliest unmatched message from ``source`` (None: any)

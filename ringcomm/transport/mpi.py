@@ -202,6 +202,7 @@ class MPITransport(Transport):
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self._aborted: Optional[str] = None
         self._gave_up: Optional[str] = None   # a peer's abort notice, once read (aborted_reason)
+        self._reading = False                 # aborted_reason is reading a notice (its wait asks again)
         self._byte = self.byte = MPI.BYTE
         self.new_status = MPI.Status
         self.ledger = Ledger(comm, self.size) if ledger is None else ledger
@@ -260,18 +261,16 @@ class MPITransport(Transport):
     def aborted_reason(self) -> Optional[str]:
         """Why waits here must stop: this rank aborted the transport, or a peer's abort notice
         (Communicator._fail) came, read and kept. Asked only while a wait sleeps: the reference
-        backends' waits then end as the peer gives up, not at their own timeout."""
-        if self._aborted is None and self._gave_up is None:
+        backends' waits then end as the peer gives up, not at their own timeout. Reading the
+        notice waits on a request, whose sleeps ask this again: ``_reading`` ends that there."""
+        if self._aborted is None and self._gave_up is None and not self._reading:
             notice = self.probe(None, ABORT_TAG)
             if notice is not None:
-                source, _, nbytes = notice
-                text = np.empty(nbytes, np.uint8)
-                request = self.irecv(text, source, ABORT_TAG)   # the probe saw it whole: it is here
-                for _ in range(1000):
-                    if request.test():
-                        break
-                reason = text.tobytes().decode(errors="replace") if request.test() else "(its reason did not arrive)"
-                self._gave_up = f"rank {source} gave up: {reason}"
+                self._reading = True
+                try:
+                    self._gave_up = self.read_notice(notice)
+                finally:
+                    self._reading = False
         return self._aborted or self._gave_up
 
     def abort(self, reason: BaseException) -> None:
