@@ -365,3 +365,27 @@ def test_threads_closing_one_communicator_at_once_all_return_and_calls_after_rai
         return errors, x[0]
     out, _ = run_each(2, body)
     assert all(r == ([], 2.0) for r in out), out
+
+
+def test_a_send_recv_thread_stuck_in_the_library_is_joined_once_not_at_every_step_of_a_close():
+    """Closing a gloo world joins its send/recv threads twice (its close, then its group's
+    release); a thread stuck in gloo made that close take both 5 s bounds."""
+    from ringcomm.backends.c10d import C10dBackend
+    release = threading.Event()
+    stuck = threading.Thread(target=release.wait, daemon=True)
+    stuck.start()
+    backend = C10dBackend.__new__(C10dBackend)   # join_waiters reads only its threads
+    backend._waiters = frozenset({stuck})
+    try:
+        t0 = time.monotonic()
+        backend.join_waiters(0.3)
+        t1 = time.monotonic()
+        backend.join_waiters(0.3)
+        t2 = time.monotonic()
+    finally:
+        release.set()
+    assert t1 - t0 >= 0.3 and t2 - t1 < 0.25
+    assert backend._waiters == {stuck}   # still known: the exit aborts the group while it lives
+    stuck.join()
+    backend.join_waiters(0.3)
+    assert backend._waiters == frozenset()
