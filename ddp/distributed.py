@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import time
+import weakref
 from typing import Callable, Optional
 
 import torch
@@ -75,7 +76,8 @@ class DistributedDataParallel(nn.Module):
                                find_unused_parameters=find_unused_parameters,
                                gradient_as_bucket_view=gradient_as_bucket_view,
                                hook=self._hook, state=self._hook_state, timeline=self.timeline,
-                               sparse=[(n, p) for n, p in named if id(p) in sparse])
+                               sparse=[(n, p) for n, p in named if id(p) in sparse],
+                               wants_sync=_wants_sync(weakref.ref(self)))
 
     # ---- training-loop API ---------------------------------------------------------------------
     def forward(self, *args, **kwargs):
@@ -145,6 +147,15 @@ class DistributedDataParallel(nn.Module):
 
 
 _DEFAULT_COMM = []
+
+
+def _wants_sync(module_ref) -> Callable[[], bool]:
+    """The module's require_backward_grad_sync as a backward sees it, held weakly: the reducer
+    is the module's."""
+    def wants() -> bool:
+        module = module_ref()
+        return module is not None and module.require_backward_grad_sync
+    return wants
 
 
 def _default_comm(ringcomm):

@@ -29,6 +29,7 @@ gradients became ready; rank 0's order is broadcast so that every rank builds th
 """
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 import time
@@ -138,7 +139,7 @@ class _Bucket:
 class Reducer:
     def __init__(self, comm, params: list, names: list, *, bucket_cap_mb: float, first_bucket_mb: float,
                  find_unused_parameters: bool, gradient_as_bucket_view: bool, hook: Callable, state,
-                 timeline=None, sparse: Sequence = ()):
+                 timeline=None, sparse: Sequence = (), wants_sync: Callable[[], bool] = lambda: True):
         self.comm, self.params, self.names = comm, params, names
         self.sparse = list(sparse)   # (name, parameter) of the sparse-gradient parameters, in no bucket
         self.cap_bytes = int(bucket_cap_mb * MiB)
@@ -157,6 +158,9 @@ class Reducer:
         self.stats: dict = {}    # of the last synchronised iteration (see _finalize)
         self._armed = False
         self._started = False
+        self.wants_sync = wants_sync   # the module's require_backward_grad_sync (no_sync), asked at backward
+        self._forward = 0              # forwards so far (the hooks on their outputs name theirs)
+        self._reduced = 0              # the last one whose backward finished reducing
         self._ready_order: list = []
         self._unused: set = set()
         self._used_unsynced: set = set()   # parameters given a gradient under no_sync since the last sync
@@ -228,21 +232,28 @@ class Reducer:
                 raise UsageError("DistributedDataParallel: forward ran while the previous backward "
                                  "had not finished reducing gradients")
             self._follow_conversions()
-            self._armed = True
-            self._pending = [len(b.members) for b in self.buckets]
-            self._ready = [False] * len(self.params)
-            self._bucket_ready = [False] * len(self.buckets)
-            self._futures: list = [None] * len(self.buckets)
-            self._divisors: list = [None] * len(self.buckets)   # a sum still to divide (allreduce_sum_for_avg)
-            self._launch_t = [0.0] * len(self.buckets)
-            self._next = 0
-            # Used since the last synchronised backward: under no_sync too, as torch counts it.
-            self._used = [i in self._used_unsynced for i in range(len(self.params))]
-            self._unused = self._unreachable(outputs) if self.find_unused else set()
+            self._arm(self._unreachable(outputs) if self.find_unused else set())
+            self._forward += 1
+            forward = self._forward
         for out in outputs:
             # Fires when backward reaches the output: the start of backward, even if no parameter
             # gets a gradient at all.
-            out.register_hook(self._output_grad)
+            out.register_hook(functools.partial(self._output_grad, forward))
+
+    def _arm(self, unused: set) -> None:
+        """Expect one backward: every bucket to fill, and ``unused`` (parameters that backward
+        cannot reach) to go out as they stand (lock held)."""
+        self._armed = True
+        self._pending = [len(b.members) for b in self.buckets]
+        self._ready = [False] * len(self.params)
+        self._bucket_ready = [False] * len(self.buckets)
+        self._futures: list = [None] * len(self.buckets)
+        self._divisors: list = [None] * len(self.buckets)   # a sum still to divide (allreduce_sum_for_avg)
+        self._launch_t = [0.0] * len(self.buckets)
+        self._next = 0
+        # Used since the last synchronised backward: under no_sync too, as torch counts it.
+        self._used = [i in self._used_unsynced for i in range(len(self.params))]
+        self._unused = unused
 
     def _follow_conversions(self) -> None:
         """Rebuild the buckets, in their order, where parameters changed dtype or device since
@@ -254,7 +265,10 @@ class Reducer:
         self._build([i for b in self.buckets for i in b.members])
 
     def disarm(self) -> None:
+        """A forward whose backward is not reduced (no_sync, no_grad): the outputs of the one
+        before it are no longer the last forward's."""
         with self._lock:
+            self._forward += 1
             if not self._started:
                 self._armed = False
 
@@ -276,8 +290,14 @@ class Reducer:
                 used.add(self._index[id(o)])
         return set(range(len(self.params))) - used
 
-    def _output_grad(self, grad):
+    def _output_grad(self, forward: int, grad):
         with self._lock:
+            if not self._armed and forward == self._forward == self._reduced and self.wants_sync():
+                # A second backward through the last forward's outputs (retain_graph=True). Its
+                # gradients accumulate into .grad on top of the reduced ones; left unreduced, as
+                # torch's DDP leaves them, each replica kept its own and they drifted apart. So it
+                # is reduced like the first: the average of the accumulated gradients.
+                self._arm(self._unused)
             if self._armed:
                 self._start()
         return grad
@@ -372,11 +392,13 @@ class Reducer:
         with self._lock:
             try:
                 self._finish_iteration()
+                self._reduced = self._forward
             finally:
                 self._armed = self._started = False
 
     def _finish_iteration(self) -> None:
         missing = [i for i, r in enumerate(self._ready) if not r]
+        none_got_one = len(missing) == len(self.params) > 0
         # Reachable in the graph but given no gradient (find_unused), or an error to report: either
         # way zero the slots and launch the remaining buckets, so that every rank has issued the
         # same collectives and ranks whose gradients were all there are not left waiting.
@@ -410,7 +432,7 @@ class Reducer:
                 f"DistributedDataParallel: parameter(s) {names} received no gradient in this backward "
                 f"(.grad was left as it was; their slots went out as that .grad, or zeros, so that no rank waits). "
                 f"Pass find_unused_parameters=True if some parameters are legitimately unused in "
-                f"forward, or make the loss depend on them.")
+                f"forward, or make the loss depend on them." + (_NONE_GOT_ONE if none_got_one else ""))
         for b, result in zip(launched, results):
             self._write_back(self.buckets[b], result, self._divisors[b], used)
         for (_, p), total in zip(self.sparse, sums):
@@ -502,6 +524,11 @@ class Reducer:
         for h in self._handles:
             h.remove()
         self._handles = []
+
+
+_NONE_GOT_ONE = (" No parameter received one: torch.autograd.grad, or backward(inputs=...), through the "
+                 "model's output gives gradients without accumulating them into .grad, and DDP (as torch's) "
+                 "reduces only those; run such a pass through the unwrapped model (ddp_model.module).")
 
 
 def _watch(q: queue.Queue, finish_t: dict) -> None:

@@ -205,6 +205,53 @@ def test_unused_parameter_on_one_rank_without_find_unused_does_not_hang():
     assert x0 == x1 == [2.0, 2.0]
 
 
+@pytest.mark.parametrize("as_view", [False, True])
+def test_a_second_backward_through_one_forward_is_reduced_too(as_view):
+    """loss.backward(retain_graph=True) then loss.backward(): torch's DDP leaves the second
+    backward's gradients unreduced, and each replica kept its own (they drifted apart)."""
+    x = [torch.linspace(-1, 1, 8, dtype=torch.float64).reshape(2, 4) * (r + 1) for r in range(2)]
+
+    def body(comm):
+        torch.manual_seed(0)
+        net = nn.Linear(4, 3).double()
+        model = ddp.DistributedDataParallel(net, comm, gradient_as_bucket_view=as_view)
+        loss = model(x[comm.rank]).pow(2).sum()
+        loss.backward(retain_graph=True)
+        once = net.weight.grad.clone()
+        loss.backward(retain_graph=True)
+        twice = net.weight.grad.clone()
+        with model.no_sync():   # asked for: this one stays local
+            loss.backward()
+        return once, twice, net.weight.grad.clone(), {k: v.clone() for k, v in net.state_dict().items()}
+
+    (once0, twice0, grad0, state), (once1, twice1, grad1, _) = run_threads(2, body)
+    net = nn.Linear(4, 3).double()
+    net.load_state_dict(state)
+    local = []
+    for xr in x:
+        net.zero_grad()
+        net(xr).pow(2).sum().backward()
+        local.append(net.weight.grad.clone())
+    average = (local[0] + local[1]) / 2
+    assert torch.equal(once0, once1) and torch.equal(twice0, twice1)
+    torch.testing.assert_close(once0, average)
+    torch.testing.assert_close(twice0, 2 * average)
+    torch.testing.assert_close(grad0, 2 * average + local[0])
+    torch.testing.assert_close(grad1, 2 * average + local[1])
+
+
+def test_a_backward_that_gives_no_parameter_a_gradient_says_why():
+    def body(comm):
+        model = ddp.DistributedDataParallel(nn.Linear(3, 2), comm)
+        x = torch.ones(1, 3, requires_grad=True)
+        with pytest.raises(ringcomm.UsageError, match=r"torch\.autograd\.grad.*ddp_model\.module"):
+            torch.autograd.grad(model(x).sum(), x)
+        torch.autograd.grad(model.module(x).sum(), x)   # the advice works: nothing to reduce
+        model(x).sum().backward()
+        return model.module.weight.grad.sum().item()
+    assert run_threads(2, body) == [6.0, 6.0]   # d sum(Wx + b) / dW = x, ones, on both ranks
+
+
 def test_gradient_as_bucket_view_shares_storage():
     def body(comm):
         net = nn.Linear(5, 3)
