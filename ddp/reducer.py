@@ -229,8 +229,13 @@ class Reducer:
         """Arm the hooks for the backward of the forward that produced ``outputs``."""
         with self._lock:
             if self._started:
-                raise UsageError("DistributedDataParallel: forward ran while the previous backward "
-                                 "had not finished reducing gradients")
+                raise UsageError(
+                    f"DistributedDataParallel: forward ran before the previous backward finished reducing "
+                    f"gradients ({self._next} of {len(self.buckets)} buckets launched): that backward raised "
+                    f"before its end, or still runs in another thread. The model cannot go on in step with "
+                    f"its peers; after an exception in backward, zero the gradients and wrap the module again "
+                    f"on every rank (DistributedDataParallel(model.module, comm, ...)): the collectives it "
+                    f"launched complete first, and a rank that stopped elsewhere makes that raise")
             self._follow_conversions()
             self._arm(self._unreachable(outputs) if self.find_unused else set())
             self._forward += 1
@@ -244,6 +249,8 @@ class Reducer:
         """Expect one backward: every bucket to fill, and ``unused`` (parameters that backward
         cannot reach) to go out as they stand (lock held)."""
         self._armed = True
+        if self.iteration == 0:   # a first backward that failed left its order half recorded
+            self._ready_order = []
         self._pending = [len(b.members) for b in self.buckets]
         self._ready = [False] * len(self.params)
         self._bucket_ready = [False] * len(self.buckets)
@@ -354,7 +361,7 @@ class Reducer:
                 view.copy_(param.grad)
             if self.as_view:
                 param.grad = view
-        if not self.rebuilt:
+        if not self.rebuilt and self.iteration == 0:   # the first iteration's order, once
             self._ready_order.append(i)
         self._used[i] = True
         self._mark_ready(i)

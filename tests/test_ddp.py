@@ -222,7 +222,9 @@ def test_a_second_backward_through_one_forward_is_reduced_too(as_view):
         twice = net.weight.grad.clone()
         with model.no_sync():   # asked for: this one stays local
             loss.backward()
-        return once, twice, net.weight.grad.clone(), {k: v.clone() for k, v in net.state_dict().items()}
+        result = once, twice, net.weight.grad.clone(), {k: v.clone() for k, v in net.state_dict().items()}
+        model(x[comm.rank]).sum().backward()   # the buckets' rebuild saw each parameter once
+        return result
 
     (once0, twice0, grad0, state), (once1, twice1, grad1, _) = run_threads(2, body)
     net = nn.Linear(4, 3).double()
@@ -250,6 +252,40 @@ def test_a_backward_that_gives_no_parameter_a_gradient_says_why():
         model(x).sum().backward()
         return model.module.weight.grad.sum().item()
     assert run_threads(2, body) == [6.0, 6.0]   # d sum(Wx + b) / dW = x, ones, on both ranks
+
+
+@pytest.mark.filterwarnings("ignore:Full backward hook is firing")   # the check runs on its output's gradient
+def test_after_an_exception_in_backward_the_model_says_how_to_go_on_and_a_new_wrap_does():
+    """A backward that raised midway (a hook's NaN check, an out-of-memory retry) never reaches
+    its end, where the reducer finishes; the next forward said only that the previous backward
+    had not finished."""
+    def body(comm):
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 2)).double()
+        model = ddp.DistributedDataParallel(net, comm, first_bucket_mb=1e-6, bucket_cap_mb=1e-6)
+        x = torch.ones(4, 8, dtype=torch.float64) * (comm.rank + 1)
+
+        def check(module, grad_in, grad_out):
+            raise FloatingPointError("NaN in the first layer's gradient")
+        handle = net[0].register_full_backward_hook(check)
+        with pytest.raises(FloatingPointError):
+            model(x).sum().backward()
+        handle.remove()
+        with pytest.raises(ringcomm.UsageError, match=r"\(4 of 6 buckets launched\).*wrap the module again"):
+            model(x)
+        net.zero_grad()
+        model = ddp.DistributedDataParallel(net, comm, first_bucket_mb=1e-6, bucket_cap_mb=1e-6)
+        model(x).sum().backward()
+        return [p.grad.clone() for p in net.parameters()], {k: v.clone() for k, v in net.state_dict().items()}
+
+    (grads0, state), (grads1, _) = run_threads(2, body)
+    net = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 2)).double()
+    net.load_state_dict(state)
+    for r in range(2):
+        net(torch.ones(4, 8, dtype=torch.float64) * (r + 1)).sum().backward()
+    for mine, theirs, total in zip(grads0, grads1, [p.grad for p in net.parameters()]):
+        assert torch.equal(mine, theirs)
+        torch.testing.assert_close(mine, total / 2)
 
 
 def test_gradient_as_bucket_view_shares_storage():
