@@ -11,6 +11,7 @@ so every backend of ringcomm.init works. See reducer.py for how buckets overlap 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import time
 import weakref
@@ -49,6 +50,7 @@ class DistributedDataParallel(nn.Module):
             import ringcomm
             comm = _default_comm(ringcomm)
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        self._frozen = [(n, p) for n, p in module.named_parameters() if not p.requires_grad]
         for n, p in named:
             if p.is_sparse or p.layout != torch.strided:
                 raise bad_value(NAME, "module", "dense (strided) parameters", f"{n} with layout {p.layout}")
@@ -81,6 +83,8 @@ class DistributedDataParallel(nn.Module):
 
     # ---- training-loop API ---------------------------------------------------------------------
     def forward(self, *args, **kwargs):
+        if self._frozen and torch.is_grad_enabled():
+            self._refuse_thawed()
         self.reducer.maybe_rebuild()
         # As torch's DDP: buffers are synchronised before a forward whose predecessor synchronised
         # gradients (or the first), not after a no_sync or no_grad forward, whose buffer updates
@@ -95,12 +99,30 @@ class DistributedDataParallel(nn.Module):
             self.timeline.span("forward", t0, time.perf_counter(), COMPUTE)
         self._sync_buffers = torch.is_grad_enabled() and self.require_backward_grad_sync
         if self._sync_buffers:
-            tensors = [t for t in _tensors(out) if t.requires_grad]
-            if tensors:
-                self.reducer.prepare_backward(tensors)
+            # Armed even where no output tensor is found (an object of the user's own): the first
+            # parameter's gradient then starts the reduction. Armed only when a tensor was found,
+            # a dataclass output's backward went unreduced and the replicas drifted apart.
+            self.reducer.prepare_backward([t for t in _tensors(out) if t.requires_grad])
         else:
             self.reducer.disarm()
         return out
+
+    def __getstate__(self):
+        # Without this, pickle stopped at the reducer's lock: "cannot pickle '_thread.RLock' object".
+        raise TypeError(f"{NAME} cannot be pickled or deep-copied: it holds a communicator and hooks on "
+                        f"the parameters. Save model.state_dict() or model.module (torch.save), or deep-copy "
+                        f"model.module (an EMA copy, for instance)")
+
+    def _refuse_thawed(self) -> None:
+        """Parameters frozen when the model was wrapped have no place in a bucket: unfrozen since
+        (gradual unfreezing), their gradients stayed each rank's own and the replicas drifted
+        apart, as they do under torch's DDP. Raised before any message, on every rank that
+        unfroze them."""
+        thawed = [n for n, p in self._frozen if p.requires_grad]
+        if thawed:
+            raise UsageError(f"{NAME}: parameter(s) {', '.join(thawed)} did not require grad when the model was "
+                             f"wrapped and do now; their gradients would not be reduced. Wrap the module again "
+                             f"after unfreezing, on every rank: DistributedDataParallel(model.module, comm, ...)")
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -166,12 +188,16 @@ def _default_comm(ringcomm):
 
 
 def _tensors(obj) -> list:
+    """The tensors in a forward's output, where torch's DDP looks for them: in lists, tuples
+    (named ones too), dicts and dataclasses, nested."""
     if isinstance(obj, torch.Tensor):
         return [obj]
     if isinstance(obj, (list, tuple)):
         return [t for x in obj for t in _tensors(x)]
     if isinstance(obj, dict):
         return [t for x in obj.values() for t in _tensors(x)]
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return [t for f in dataclasses.fields(obj) for t in _tensors(getattr(obj, f.name))]
     return []
 
 

@@ -237,7 +237,9 @@ class Reducer:
                     f"on every rank (DistributedDataParallel(model.module, comm, ...)): the collectives it "
                     f"launched complete first, and a rank that stopped elsewhere makes that raise")
             self._follow_conversions()
-            self._arm(self._unreachable(outputs) if self.find_unused else set())
+            # No output tensor to walk back from (an object of the user's own): which parameters
+            # go unused shows only at the end of backward, where the missing ones go out.
+            self._arm(self._unreachable(outputs) if self.find_unused and outputs else set())
             self._forward += 1
             forward = self._forward
         for out in outputs:
