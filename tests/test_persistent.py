@@ -482,3 +482,39 @@ def test_a_persistent_call_runs_once_at_a_time():
         p()   # completed: it runs again
         return x.tolist()
     assert run_threads(2, body) == [[4.0] * 4] * 2
+
+
+def test_every_road_that_writes_a_tensor_tells_autograd_and_none_that_only_reads_it(monkeypatch):
+    """ringcomm writes a tensor's memory by address, out of autograd's sight: a tensor saved for
+    a backward and then all-reduced in place gave silently wrong gradients (w.grad 3 instead of
+    1 and 2 below), where torch's in-place ops and its c10d collectives make that backward raise.
+    Each road counts: ordinary, remembered (the fast road from the third call), persistent,
+    asynchronous, and a prepared receive."""
+    monkeypatch.setenv("RINGCOMM_ALGO", WINDOW_ALGOS["one_shot"])
+
+    def body(comm):
+        peer = 1 - comm.rank
+        w = torch.ones(4, requires_grad=True)
+        x = torch.full((4,), float(comm.rank + 1))
+        y = (w * x).sum()   # saves x for w's gradient
+        comm.all_reduce(x)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            y.backward()
+        x, out, sent, gathered = torch.ones(8), torch.zeros(8), torch.ones(8), torch.zeros(16)
+        p = comm.all_reduce_init(x)
+        roads = {
+            "all_reduce": (lambda: comm.all_reduce(x), x),
+            "persistent": (p, x),
+            "start/wait": (lambda: p.start().wait(), x),
+            "async all_gather": (lambda: comm.all_gather(gathered, sent, async_op=True).wait(), gathered),
+            "recv": (lambda: (comm.send(sent, peer, async_op=True), comm.recv(out, peer))[0].wait(), out),
+        }
+        missed = []
+        for name, (run, written) in roads.items():
+            for i in range(4):   # the third and later calls take the remembered roads
+                before, read = written._version, sent._version
+                run()
+                if written._version == before or sent._version != read:
+                    missed.append((name, i))
+        return missed
+    assert run_threads(2, body) == [[], []]

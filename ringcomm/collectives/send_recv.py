@@ -41,7 +41,9 @@ class Send(Collective):
 
     def prepare(self, comm, x, dst, tag=0) -> Call:
         xb = buffer(x, self.name, "x", read_only=True)
-        call = Call(self, xb, None, dtype=xb.dtype, count=xb.numel, result=None)
+        # in_place=False: the input is only read (a remembered send neither marks a tensor written
+        # nor asks a numpy array to be writable)
+        call = Call(self, xb, None, dtype=xb.dtype, count=xb.numel, result=None, in_place=False)
         call.peer, call.tag = _peer(self.name, "dst", dst, comm), _tag(self.name, tag)
         return call
 

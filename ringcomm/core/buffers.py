@@ -68,7 +68,7 @@ def as_buffer(x, collective: str, argument: str, read_only: bool = False) -> Buf
     if type(x) is np.ndarray:   # the common case first: no torch lookup
         return _numpy_buffer(x, collective, argument, read_only)
     if is_torch(x):
-        return _torch_buffer(x, collective, argument)
+        return _torch_buffer(x, collective, argument, not read_only)
     if isinstance(x, np.ma.MaskedArray):   # its views keep the mask: a byte view failed mid-collective
         raise bad_value(collective, argument, "an array without a mask (the mask would be ignored: pass "
                         "x.filled(value), or x.data)", "a numpy.ma.MaskedArray")
@@ -79,12 +79,26 @@ def as_buffer(x, collective: str, argument: str, read_only: bool = False) -> Buf
     raise bad_type(collective, argument, "a torch.Tensor or numpy.ndarray, or a cupy.ndarray", type(x).__name__)
 
 
+@functools.lru_cache(maxsize=1)
+def _increment_version():
+    return _torch().autograd.graph.increment_version
+
+
+def mark_written(tensor) -> bool:
+    """Tell autograd that a call writes ``tensor`` (its version counter), as torch's in-place ops
+    and its c10d collectives do. ringcomm writes the memory by address, out of autograd's sight:
+    a tensor saved for a backward and then all-reduced in place gave silently wrong gradients,
+    where ``x.add_(1)`` makes that backward raise. True, for the fast roads' guards."""
+    _increment_version()(tensor)
+    return True
+
+
 def device_index(buf: Buffer) -> int:
     """The CUDA device index of a device buffer ("cuda:3" -> 3)."""
     return int(buf.device[5:])
 
 
-def _torch_buffer(x, collective: str, argument: str) -> Buffer:
+def _torch_buffer(x, collective: str, argument: str, written: bool = True) -> Buffer:
     name = _torch_dtype_names().get(x.dtype)
     if name is None:
         raise bad_type(collective, argument, f"a tensor of dtype {_SUPPORTED}", f"dtype {x.dtype}")
@@ -100,6 +114,8 @@ def _torch_buffer(x, collective: str, argument: str) -> Buffer:
     if x.is_neg():   # its memory holds the negated values: a max would find the minimum
         raise bad_value(collective, argument, "a tensor without a lazy negation (call .resolve_neg() first)",
                         "a negative view (its neg bit is set, as for x.conj().imag or torch._neg_view(x))")
+    if written:
+        mark_written(x)
     if x.is_cpu:
         dtype = DTYPES[name]
         return Buffer(x, host_view(x.data_ptr(), x.numel() * dtype.itemsize, dtype.storage), dtype, "torch", "cpu")
