@@ -114,15 +114,16 @@ def _torch_buffer(x, collective: str, argument: str, written: bool = True) -> Bu
     if x.is_neg():   # its memory holds the negated values: a max would find the minimum
         raise bad_value(collective, argument, "a tensor without a lazy negation (call .resolve_neg() first)",
                         "a negative view (its neg bit is set, as for x.conj().imag or torch._neg_view(x))")
-    if written:
-        mark_written(x)
     if x.is_cpu:
         dtype = DTYPES[name]
-        return Buffer(x, host_view(x.data_ptr(), x.numel() * dtype.itemsize, dtype.storage), dtype, "torch", "cpu")
-    if x.device.type == "cuda":
-        return Buffer(x, _cuda_flat(x, name, collective, argument), DTYPES[name], "torch",
-                      f"cuda:{x.device.index}")
-    raise bad_value(collective, argument, "a CPU or CUDA tensor", f"a tensor on {x.device}")
+        buf = Buffer(x, host_view(x.data_ptr(), x.numel() * dtype.itemsize, dtype.storage), dtype, "torch", "cpu")
+    elif x.device.type == "cuda":
+        buf = Buffer(x, _cuda_flat(x, name, collective, argument), DTYPES[name], "torch", f"cuda:{x.device.index}")
+    else:
+        raise bad_value(collective, argument, "a CPU or CUDA tensor", f"a tensor on {x.device}")
+    if written:
+        mark_written(x)
+    return buf
 
 
 _RAW_TYPES: dict = {}   # nbytes -> ctypes char array type (a type per size; a job uses a handful)
