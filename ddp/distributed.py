@@ -51,6 +51,9 @@ class DistributedDataParallel(nn.Module):
             comm = _default_comm(ringcomm)
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         self._frozen = [(n, p) for n, p in module.named_parameters() if not p.requires_grad]
+        self._wrapped = {id(p) for p in module.parameters()}   # all held alive: by the reducer or _frozen
+        self._tree = {id(m): (weakref.ref(m), f"{n}." if n else "") for n, m in module.named_modules()}
+        self._changed: list = []   # what was registered in the tree since (_watch_registrations)
         for n, p in named:
             if p.is_sparse or p.layout != torch.strided:
                 raise bad_value(NAME, "module", "dense (strided) parameters", f"{n} with layout {p.layout}")
@@ -80,9 +83,12 @@ class DistributedDataParallel(nn.Module):
                                hook=self._hook, state=self._hook_state, timeline=self.timeline,
                                sparse=[(n, p) for n, p in named if id(p) in sparse],
                                wants_sync=_wants_sync(weakref.ref(self)))
+        _watch_registrations(self)
 
     # ---- training-loop API ---------------------------------------------------------------------
     def forward(self, *args, **kwargs):
+        if self._changed:
+            self._refuse_changed()
         if self._frozen and torch.is_grad_enabled():
             self._refuse_thawed()
         self.reducer.maybe_rebuild()
@@ -112,6 +118,34 @@ class DistributedDataParallel(nn.Module):
         raise TypeError(f"{NAME} cannot be pickled or deep-copied: it holds a communicator and hooks on "
                         f"the parameters. Save model.state_dict() or model.module (torch.save), or deep-copy "
                         f"model.module (an EMA copy, for instance)")
+
+    def _registered(self, name: str, param) -> None:
+        """A parameter registered in the wrapped tree after wrapping (``module.weight = Parameter(...)``,
+        a parametrization): with no bucket, its gradients would stay each rank's own. One frozen
+        now is only watched, as the frozen ones are."""
+        if param is None or id(param) in self._wrapped:
+            return   # a removal, or the same parameter assigned again
+        if param.requires_grad:
+            self._changed.append(f"parameter {name}")
+        else:
+            self._frozen.append((name, param))
+
+    def _added(self, name: str, submodule) -> None:
+        """A submodule attached to the wrapped tree after wrapping: refused if it brings trainable
+        parameters, else watched as the tree is."""
+        trainable = [n for n, p in submodule.named_parameters() if p.requires_grad and id(p) not in self._wrapped]
+        if trainable:
+            self._changed.append(f"submodule {name} (with {', '.join(trainable)})")
+            return
+        self._frozen.extend((f"{name}.{n}", p) for n, p in submodule.named_parameters() if id(p) not in self._wrapped)
+        for n, m in submodule.named_modules():
+            self._tree.setdefault(id(m), (weakref.ref(m), f"{name}.{n}." if n else f"{name}."))
+
+    def _refuse_changed(self) -> None:
+        raise UsageError(f"{NAME}: {'; '.join(self._changed)} registered in the model after it was wrapped: "
+                         f"their gradients would not be reduced, and the replicas would drift apart (as under "
+                         f"torch's DDP). Change the model before wrapping it, or wrap model.module again on "
+                         f"every rank: DistributedDataParallel(model.module, comm, ...)")
 
     def _refuse_thawed(self) -> None:
         """Parameters frozen when the model was wrapped have no place in a bucket: unfrozen since
@@ -178,6 +212,40 @@ def _wants_sync(module_ref) -> Callable[[], bool]:
         module = module_ref()
         return module is not None and module.require_backward_grad_sync
     return wants
+
+
+_WRAPPERS: weakref.WeakSet = weakref.WeakSet()   # live wrappers, whose trees the hooks below watch
+_HOOKS: list = []
+
+
+def _watch_registrations(wrapper) -> None:
+    """torch's global registration hooks tell each live wrapper what is registered in its tree
+    after wrapping: a parameter replaced or added there had no bucket and stayed each rank's own
+    (silently, with find_unused_parameters=True). Free per step: they run only as a model changes."""
+    if not _HOOKS:
+        from torch.nn.modules import module as torch_module
+        _HOOKS.append(torch_module.register_module_parameter_registration_hook(_parameter_registered))
+        _HOOKS.append(torch_module.register_module_module_registration_hook(_module_registered))
+    _WRAPPERS.add(wrapper)
+
+
+def _holders(module):
+    """(wrapper, the module's name in its tree) for each live wrapper whose tree holds ``module``."""
+    for wrapper in list(_WRAPPERS):
+        entry = wrapper._tree.get(id(module))
+        if entry is not None and entry[0]() is module:
+            yield wrapper, entry[1]
+
+
+def _parameter_registered(module, name, param):
+    for wrapper, prefix in _holders(module):
+        wrapper._registered(prefix + name, param)
+
+
+def _module_registered(module, name, submodule):
+    if submodule is not None:
+        for wrapper, prefix in _holders(module):
+            wrapper._added(prefix + name, submodule)
 
 
 def _default_comm(ringcomm):

@@ -3,6 +3,7 @@ import copy
 import dataclasses
 import io
 import json
+import re
 
 import pytest
 import torch
@@ -640,3 +641,48 @@ def test_a_bucket_watcher_holds_nothing_of_a_bucket_while_it_waits():
     q.put(None)
     watcher.join(5)
     assert not watcher.is_alive()
+
+
+@pytest.mark.parametrize("change", ["replaced", "added parameter", "added submodule"])
+def test_parameters_registered_after_wrapping_are_refused_by_name(change):
+    """A parameter replaced or added in the wrapped model after wrapping has no bucket: with
+    find_unused_parameters=True (the old one just looks unused) its gradients stayed each rank's
+    own and the replicas drifted apart, as under torch's DDP."""
+    def body(comm):
+        net = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+        model = ddp.DistributedDataParallel(net, comm, find_unused_parameters=True)
+        x = torch.ones(2, 4) * (comm.rank + 1)
+        model(x).sum().backward()
+        net[1].weight = net[1].weight        # the same parameter again: nothing changes
+        net.add_module("act", nn.ReLU())     # a submodule with no parameters: nothing to reduce
+        model(x).sum().backward()
+        if change == "replaced":
+            net[0].weight = nn.Parameter(torch.ones(4, 4))
+            name = "parameter 0.weight"
+        elif change == "added parameter":
+            net[1].scale = nn.Parameter(torch.ones(2))
+            name = "parameter 1.scale"
+        else:
+            net.add_module("head", nn.Linear(2, 2))
+            name = "submodule head (with weight, bias)"
+        with pytest.raises(ringcomm.UsageError, match=re.escape(name) + ".*wrap model.module again"):
+            model(x)
+        model = ddp.DistributedDataParallel(net, comm, find_unused_parameters=True)
+        model(x).sum().backward()
+        return [p.grad.clone() for p in net.parameters() if p.grad is not None]
+
+    grads0, grads1 = run_threads(2, body)
+    assert len(grads0) == len(grads1) and all(torch.equal(a, b) for a, b in zip(grads0, grads1))
+
+
+def test_a_frozen_parameter_added_after_wrapping_is_watched_like_the_others():
+    def body(comm):
+        net = nn.Sequential(nn.Linear(4, 2))
+        model = ddp.DistributedDataParallel(net, comm)
+        net[0].bias_extra = nn.Parameter(torch.zeros(2), requires_grad=False)
+        model(torch.ones(1, 4)).sum().backward()   # frozen: nothing to reduce
+        net[0].bias_extra.requires_grad_(True)
+        with pytest.raises(ringcomm.UsageError, match=r"0\.bias_extra did not require grad"):
+            model(torch.ones(1, 4))
+        return True
+    assert run_threads(2, body) == [True, True]
