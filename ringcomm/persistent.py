@@ -34,7 +34,7 @@ import numpy as np
 from . import algorithms
 from .algorithms.one_shot import OneShot, compiled_round
 from .core.envelope import Envelope, op_code, window_stamp
-from .core.buffers import mark_written
+from .core.buffers import version_bumper
 from .core.executor import WindowGuard
 from .core.ops import ReduceOp
 from .errors import CommError, PeerAbortedError, UsageError
@@ -61,9 +61,10 @@ def _guard(buf, written: bool = True):
         if not written:
             return lambda: obj.data_ptr() == ptr and obj.numel() == numel and obj.dtype is dtype \
                 and obj.is_contiguous()
-        # every call that may write it tells autograd so, as the ordinary road's check does
+        # every call that may write it tells autograd so (buffers.mark_written; bump gives None)
+        bump, objs = version_bumper(), (obj,)
         return lambda: obj.data_ptr() == ptr and obj.numel() == numel and obj.dtype is dtype \
-            and obj.is_contiguous() and mark_written(obj)
+            and obj.is_contiguous() and bump(objs) is None
     shape, dtype, strides = obj.shape, obj.dtype, obj.strides
     # A numpy array cannot move its data while we hold it (ndarray.resize refuses referenced arrays).
     if not written:
