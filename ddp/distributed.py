@@ -24,6 +24,7 @@ from ringcomm.errors import UsageError, bad_type, bad_value
 from ringcomm.integrations.torch_tensors import flat as flat_view
 
 from . import comm_hooks
+from .places import Places
 from .reducer import Reducer
 from .timeline import COMPUTE, from_env
 
@@ -54,6 +55,7 @@ class DistributedDataParallel(nn.Module):
         self._wrapped = {id(p) for p in module.parameters()}   # all held alive: by the reducer or _frozen
         self._tree = {id(m): (weakref.ref(m), f"{n}." if n else "") for n, m in module.named_modules()}
         self._changed: list = []   # what was registered in the tree since (_watch_registrations)
+        self._places = Places(module)   # what torch replaces past those hooks (places.py)
         for n, p in named:
             if p.is_sparse or p.layout != torch.strided:
                 raise bad_value(NAME, "module", "dense (strided) parameters", f"{n} with layout {p.layout}")
@@ -89,8 +91,11 @@ class DistributedDataParallel(nn.Module):
     def forward(self, *args, **kwargs):
         if self._changed:
             self._refuse_changed()
-        if self._frozen and torch.is_grad_enabled():
-            self._refuse_thawed()
+        if torch.is_grad_enabled():
+            if self._places.moved():
+                self._refuse_moved()
+            if self._frozen:
+                self._refuse_thawed()
         self.reducer.maybe_rebuild()
         # As torch's DDP: buffers are synchronised before a forward whose predecessor synchronised
         # gradients (or the first), not after a no_sync or no_grad forward, whose buffer updates
@@ -146,6 +151,28 @@ class DistributedDataParallel(nn.Module):
                          f"their gradients would not be reduced, and the replicas would drift apart (as under "
                          f"torch's DDP). Change the model before wrapping it, or wrap model.module again on "
                          f"every rank: DistributedDataParallel(model.module, comm, ...)")
+
+    def _refuse_moved(self) -> None:
+        """Parameters torch replaced or swapped past the registration hooks (places.py): their
+        gradients would reach no bucket. Frozen ones that stay frozen are only watched anew."""
+        changes = self._places.changes()
+        harmless = [c for c in changes if not c[2].requires_grad and (c[3] is None or not c[3].requires_grad)]
+        if len(harmless) == len(changes):
+            self._places.adopt([c[0] for c in harmless])
+            moved = {id(c[2]): c[3] for c in harmless}
+            self._frozen = [(n, moved.get(id(p), p)) for n, p in self._frozen if moved.get(id(p), p) is not None]
+            return
+        kinds: dict = {}
+        for c in changes:
+            kinds.setdefault(c[4], []).append(c[1])
+        what = "; ".join(f"parameter(s) {', '.join(labels)} {how}" for how, labels in kinds.items())
+        raise UsageError(f"{NAME}: {what} after the model was "
+                         f"wrapped (torch does so past its registration hooks under "
+                         f"torch.__future__.set_overwrite_module_params_on_conversion or "
+                         f"set_swap_module_params_on_conversion, and in torch.utils.swap_tensors): the reducer's "
+                         f"hooks are on the old tensors, so the new ones' gradients would not be reduced and the "
+                         f"replicas would drift apart. Convert or load the model before wrapping it, or wrap "
+                         f"model.module again on every rank: DistributedDataParallel(model.module, comm, ...)")
 
     def _refuse_thawed(self) -> None:
         """Parameters frozen when the model was wrapped have no place in a bucket: unfrozen since

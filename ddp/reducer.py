@@ -179,7 +179,7 @@ class Reducer:
             reducer = ref()
             if reducer is not None:
                 reducer._grad_ready(param)
-        self._handles = [p.register_post_accumulate_grad_hook(grad_ready) for p in params]
+        self._handles = [_post_accumulate_hook(p, grad_ready) for p in params]
 
     # ---- bucket layout ---------------------------------------------------------------------
     def _build(self, order: list) -> None:
@@ -539,6 +539,19 @@ _NONE_GOT_ONE = (" No parameter received one: torch.autograd.grad, or backward(i
                  "model's output gives gradients without accumulating them into .grad, and DDP (as torch's) "
                  "reduces only those; run such a pass through the unwrapped model (ddp_model.module).")
 
+
+
+def _post_accumulate_hook(param: torch.Tensor, fn):
+    """``param.register_post_accumulate_grad_hook(fn)``, wired to the tensor behind ``param`` now.
+    torch.utils.swap_tensors (torch's conversions and load_state_dict under
+    set_swap_module_params_on_conversion) leaves a hooked parameter's hook dict on it and the
+    autograd side of it with the old tensor; torch then adds new hooks to that dict unwired, so
+    none fired and a wrap after such a swap reduced nothing. Setting the dict again wires it (the
+    hooks already there fire again too, as they would have without the swap)."""
+    hooks = param._post_accumulate_grad_hooks
+    if hooks is not None:
+        param._post_accumulate_grad_hooks = hooks
+    return param.register_post_accumulate_grad_hook(fn)
 
 def _watch(q: queue.Queue, finish_t: dict) -> None:
     """Record when each bucket's communication finishes (the end-of-backward wait comes later).
