@@ -103,6 +103,11 @@ def _all_reduce(state: CommState, tensor, op: str) -> CommFuture:
     """Async all-reduce of ``tensor`` where it lives; a device tensor the communicator cannot take
     is staged on the host."""
     comm = state.comm
+    if isinstance(tensor, torch.Tensor) and tensor.is_complex():
+        # As torch.distributed.all_reduce takes them: a complex sum or average is that of the real
+        # and imaginary parts. Handed on as complex, the bucket of a complex parameter was refused
+        # by all_reduce in the middle of backward.
+        return _all_reduce(state, torch.view_as_real(tensor), op).then(lambda _: tensor)
     if comm_accepts(comm, device_type(tensor)):
         return CommFuture(comm.all_reduce(tensor, op=op, async_op=True), timeout=state.timeout)
     host = tensor.to("cpu")
@@ -132,8 +137,15 @@ def _compress_hook(state, bucket, dtype: torch.dtype, name: str) -> CommFuture:
     if buffer.dtype == dtype:
         return allreduce_hook(st, bucket)
     # Divide before the sum, as PyTorch does: the half-precision sum of n gradients can overflow.
-    compressed = buffer.to(dtype).div_(st.comm.size)
-    return _all_reduce(st, compressed, "sum").then(lambda reduced: buffer.copy_(reduced))
+    real = _real(buffer)
+    compressed = real.to(dtype).div_(st.comm.size)
+    return _all_reduce(st, compressed, "sum").then(lambda reduced: (real.copy_(reduced), buffer)[1])
+
+
+def _real(buffer: torch.Tensor) -> torch.Tensor:
+    """A complex buffer's real and imaginary parts as a real view: what a compressing hook casts.
+    Cast as complex, the imaginary parts were dropped (torch warns, and so do its own hooks)."""
+    return torch.view_as_real(buffer) if buffer.is_complex() else buffer
 
 
 def fp16_compress_hook(state, bucket) -> CommFuture:
@@ -165,13 +177,15 @@ def _compress_wrapper(hook: Callable, dtype: torch.dtype) -> Callable:
     def wrapped(state, bucket):
         st = _state(state, f"{dtype}_compress_wrapper")
         buffer = bucket.buffer()
-        compressed = buffer.to(dtype).div_(st.comm.size)
+        real = _real(buffer)
+        compressed = real.to(dtype).div_(st.comm.size)
         # The inner hook averages; undo the pre-division that guards against overflow.
         size = st.comm.size
 
         def decompress(reduced):
             reduced = reduced[0] if isinstance(reduced, (list, tuple)) else reduced
-            return buffer.copy_(reduced.to(buffer.dtype).mul_(size))
+            real.copy_(reduced.to(real.dtype).mul_(size))
+            return buffer
         fut = hook(st, _CompressedBucket(bucket, compressed))
         if isinstance(fut, CommFuture):
             return fut.then(decompress)

@@ -421,6 +421,48 @@ def test_default_hook_divides_on_the_way_back_bitwise_as_avg(dtype, as_view):
             assert fused.numpy().tobytes() == plain.numpy().tobytes()
 
 
+class _ComplexLayer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 3, dtype=torch.complex64))
+        self.out = nn.Linear(3, 2)
+
+    def forward(self, x):
+        return self.out((x.to(torch.complex64) @ self.w).abs())
+
+
+@pytest.mark.parametrize("hook", ["default", "fp16_compress_hook", "bf16_compress_wrapper(allreduce_hook)"])
+def test_complex_parameters_are_averaged_as_real_and_imaginary_parts(hook):
+    """As torch.distributed.all_reduce takes complex tensors: the bucket of a complex parameter was
+    refused by all_reduce in the middle of backward, and a compressing hook's cast dropped the
+    imaginary parts."""
+    xs = [torch.randn(5, 4, generator=torch.Generator().manual_seed(r)) for r in range(2)]
+
+    def body(comm):
+        net = _ComplexLayer()
+        model = ddp.DistributedDataParallel(net, comm)
+        start = copy.deepcopy(net)   # rank 0's parameters, broadcast by the wrap
+        if hook == "fp16_compress_hook":
+            model.register_comm_hook(None, ddp.comm_hooks.fp16_compress_hook)
+        elif hook != "default":
+            model.register_comm_hook(None, ddp.comm_hooks.bf16_compress_wrapper(ddp.comm_hooks.allreduce_hook))
+        model(xs[comm.rank]).square().sum().backward()
+        return start, [p.grad.clone() for p in net.parameters()]
+
+    (start, grads0), (_, grads1) = run_threads(2, body)
+    assert all(torch.equal(a, b) for a, b in zip(grads0, grads1))
+    alone = []
+    for x in xs:
+        net = copy.deepcopy(start)
+        net(x).square().sum().backward()
+        alone.append([p.grad for p in net.parameters()])
+    want = [(a + b) / 2 for a, b in zip(*alone)]
+    tol = {"default": 1e-6, "fp16_compress_hook": 2e-3, "bf16_compress_wrapper(allreduce_hook)": 2e-2}[hook]
+    for got, w in zip(grads0, want):
+        assert torch.allclose(got, w, rtol=tol, atol=tol * w.abs().max().item())
+    assert grads0[0].imag.abs().max() > 0.1   # the imaginary parts came through
+
+
 def test_torch_future_hook_is_accepted():
     """A hook may return any future-like object, e.g. an already completed torch Future."""
     def local_sum_hook(state, bucket):
