@@ -20,6 +20,7 @@ import logging
 import math
 import os
 import socket
+import stat
 import sys
 import threading
 from dataclasses import dataclass
@@ -234,6 +235,9 @@ def start_mpi(timeout: Optional[float] = None, call: str = "ringcomm.init"):
     if started is not None and started.Is_initialized():
         MPI = started   # the program started MPI itself: nothing here can wait on the others
     else:
+        orphan = inherited_launch(os.environ)
+        if orphan is not None:
+            raise UsageError(f"init: {orphan}")
         with mpi_init_deadline(timeout, call):
             if started is None:
                 mpi4py.rc.thread_level = "multiple"
@@ -247,6 +251,28 @@ def start_mpi(timeout: Optional[float] = None, call: str = "ringcomm.init"):
                          f"thread calls MPI; set mpi4py.rc.thread_level = 'multiple' before importing "
                          f"mpi4py.MPI, or let ringcomm.init() import it")
     return MPI
+
+
+def inherited_launch(environ: Mapping[str, str]) -> Optional[str]:
+    """Why MPI cannot start here although MPICH's launcher variables are set, or None.
+
+    PMI_FD names the socket mpirun's proxy gave the process it started. A process that one
+    started in turn (multiprocessing's spawn, a DataLoader worker or a pool re-importing a script
+    whose top level calls init) inherits the variables but not the socket, and MPICH's MPI_Init
+    then ended it (exit 15, "PMI_Init returned -1") before Python could say why."""
+    fd = environ.get("PMI_FD", "")
+    if not fd.isdigit():
+        return None
+    try:
+        if stat.S_ISSOCK(os.fstat(int(fd)).st_mode):
+            return None
+    except OSError:
+        pass
+    return (f"this process (pid {os.getpid()}) has mpirun's variables (PMI_RANK={environ.get('PMI_RANK', '?')}, "
+            f"PMI_FD={fd}) but not its connection: it was started by one of mpirun's processes (a "
+            f"multiprocessing spawn child, a DataLoader worker re-importing the script), not by mpirun, and "
+            f"cannot join the MPI job. Call ringcomm.init only in the processes mpirun starts: put the "
+            f"script's top level under `if __name__ == \"__main__\":`")
 
 
 # ---- other launchers ----------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import ringcomm
 
 from mpi_util import ROOT, run_mpi
 from ringcomm import UsageError
-from ringcomm.init import launcher_problem, launcher_views
+from ringcomm.init import inherited_launch, launcher_problem, launcher_views
 
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS")
 
@@ -70,6 +70,30 @@ def _python(code: str, **env_vars) -> subprocess.CompletedProcess:
 
 
 INIT = "import ringcomm; comm = ringcomm.init(); print('size', comm.size)"
+
+
+def test_mpiruns_variables_without_its_socket_are_named_not_left_to_mpich():
+    r, w = os.pipe()
+    os.close(w)
+    assert "PMI_RANK=1" in inherited_launch({"PMI_FD": str(r), "PMI_RANK": "1"})   # a pipe is not mpirun's socket
+    os.close(r)
+    why = inherited_launch({"PMI_FD": str(r), "PMI_RANK": "1"})                      # closed
+    assert "not by mpirun" in why and 'if __name__ == "__main__"' in why
+    a, b = socket.socketpair()
+    try:
+        assert inherited_launch({"PMI_FD": str(a.fileno()), "PMI_RANK": "0"}) is None
+    finally:
+        a.close()
+        b.close()
+    assert inherited_launch({}) is None and inherited_launch({"PMI_PORT": "host:1234"}) is None
+
+
+def test_a_spawned_child_of_a_rank_is_told_it_cannot_join_and_the_job_goes_on():
+    """The child of a rank started by multiprocessing's spawn: before, MPICH ended it at MPI_Init."""
+    out = run_mpi(2, "spawned_child.py", timeout=120).stdout
+    children = [line for line in out.splitlines() if line.startswith("child: ")]
+    assert len(children) == 2 and all("UsageError" in c and "not by mpirun" in c for c in children), out
+    assert "rank 0 done" in out and "rank 1 done" in out
 
 
 def test_init_names_a_garbage_variable_before_starting_mpi():
