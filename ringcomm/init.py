@@ -36,6 +36,21 @@ from .transport import polling
 # ---- one init at a time -----------------------------------------------------------------------
 _initialising = threading.Lock()   # guards _init_thread
 _init_thread: Optional[threading.Thread] = None
+_joined = False                    # an init of this process returned
+_forked_from: Optional[int] = None   # the parent's pid, in a child forked after MPI or an init ran
+
+
+def _note_fork() -> None:
+    """After a fork: a child of a process that had started MPI (mpi4py.MPI imported: it starts MPI
+    as it is imported) or joined the job cannot join it itself (``init`` refuses). A child given a
+    store of its own (``init_from_store``: torch's MultiProcessTestCase forks its ranks) may."""
+    global _forked_from
+    if _forked_from is None and (_joined or "mpi4py.MPI" in sys.modules):
+        _forked_from = os.getppid()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_note_fork)
 
 
 def _one_at_a_time(call):
@@ -45,7 +60,7 @@ def _one_at_a_time(call):
     MPI_COMM_WORLD together. The same thread may nest (init under torchrun calls init_from_store)."""
     @functools.wraps(call)
     def guarded(*args, **kwargs):
-        global _init_thread
+        global _init_thread, _joined
         me = threading.current_thread()
         with _initialising:
             if _init_thread is me:
@@ -59,7 +74,9 @@ def _one_at_a_time(call):
             else:
                 nested, _init_thread = False, me
         try:
-            return call(*args, **kwargs)
+            comm = call(*args, **kwargs)
+            _joined = True
+            return comm
         finally:
             if not nested:
                 with _initialising:
@@ -77,6 +94,13 @@ def init(backend: Optional[str] = None, *, timeout: Optional[float] = None) -> C
     Raises UsageError on every rank when torchrun's or Slurm's variables describe another job
     than MPI does (``launcher_views``).
     """
+    if _forked_from is not None:
+        raise UsageError(f"init: this process (pid {os.getpid()}) is a fork of pid {_forked_from}, which had "
+                         f"started MPI or joined the job; the child's MPI state is a copy of its parent's, so it "
+                         f"would join as the parent and its messages would reach the parent's peers (two "
+                         f"children's all_reduces summed each other's data, and a parent's next all_reduce "
+                         f"came out wrong). Only the processes the launcher started can join; a forked child (a "
+                         f"DataLoader worker) works without one")
     backend = _backend(backend)
     timeout = _timeout(timeout)
     views = launcher_views()

@@ -88,12 +88,15 @@ def test_mpiruns_variables_without_its_socket_are_named_not_left_to_mpich():
     assert inherited_launch({}) is None and inherited_launch({"PMI_PORT": "host:1234"}) is None
 
 
-def test_a_spawned_child_of_a_rank_is_told_it_cannot_join_and_the_job_goes_on():
-    """The child of a rank started by multiprocessing's spawn: before, MPICH ended it at MPI_Init."""
-    out = run_mpi(2, "spawned_child.py", timeout=120).stdout
-    children = [line for line in out.splitlines() if line.startswith("child: ")]
-    assert len(children) == 2 and all("UsageError" in c and "not by mpirun" in c for c in children), out
-    assert "rank 0 done" in out and "rank 1 done" in out
+def test_children_of_a_rank_that_call_init_are_told_they_cannot_join_and_the_job_goes_on():
+    """A spawn child of a rank: MPICH ended it at MPI_Init. A fork child: it joined as its parent,
+    and rank 0's parent then summed 13 where 3 was due (mpi_jobs/child_inits.py)."""
+    out = run_mpi(2, "child_inits.py", timeout=120).stdout
+    spawned = [line for line in out.splitlines() if line.startswith("spawn child: ")]
+    forked = [line for line in out.splitlines() if line.startswith("fork child: ")]
+    assert len(spawned) == 2 and all("UsageError" in c and "not by mpirun" in c for c in spawned), out
+    assert len(forked) == 2 and all("UsageError" in c and "is a fork of pid" in c for c in forked), out
+    assert out.count("sum 3.0") == 2 and "rank 0 done" in out and "rank 1 done" in out, out
 
 
 def test_init_names_a_garbage_variable_before_starting_mpi():
