@@ -540,7 +540,6 @@ _NONE_GOT_ONE = (" No parameter received one: torch.autograd.grad, or backward(i
                  "reduces only those; run such a pass through the unwrapped model (ddp_model.module).")
 
 
-
 def _post_accumulate_hook(param: torch.Tensor, fn):
     """``param.register_post_accumulate_grad_hook(fn)``, wired to the tensor behind ``param`` now.
     torch.utils.swap_tensors (torch's conversions and load_state_dict under
@@ -552,6 +551,7 @@ def _post_accumulate_hook(param: torch.Tensor, fn):
     if hooks is not None:
         param._post_accumulate_grad_hooks = hooks
     return param.register_post_accumulate_grad_hook(fn)
+
 
 def _watch(q: queue.Queue, finish_t: dict) -> None:
     """Record when each bucket's communication finishes (the end-of-backward wait comes later).
