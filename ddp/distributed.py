@@ -59,6 +59,13 @@ class DistributedDataParallel(nn.Module):
         for n, p in named:
             if p.is_sparse or p.layout != torch.strided:
                 raise bad_value(NAME, "module", "dense (strided) parameters", f"{n} with layout {p.layout}")
+        # Refused before any message: the broadcast below stopped at torch's "Cannot copy out of meta
+        # tensor; no data!" after the model check had already gone round the ranks.
+        meta = [n for n, t in [*module.named_parameters(), *module.named_buffers()] if t.device.type == "meta"]
+        if meta:
+            raise bad_value(NAME, "module", "parameters and buffers with data (materialise a model built on the "
+                            "meta device first: module.to_empty(device=...) and initialise it)",
+                            f"{', '.join(meta)} on the meta device")
         # Parameters whose gradients are sparse rows (embeddings with sparse=True, as torch's DDP
         # finds them) are summed apart at the end of backward, in no bucket (reducer.py).
         sparse = {id(p) for m in module.modules() if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.sparse

@@ -360,6 +360,18 @@ def test_parameters_unfrozen_after_wrapping_are_refused_and_a_new_wrap_reduces_t
     assert torch.equal(grad0, grad1)
 
 
+def test_a_model_on_the_meta_device_is_refused_by_name_before_any_message():
+    """Before, torch's "Cannot copy out of meta tensor; no data!" came from the broadcast, after
+    the model check had gone round the ranks."""
+    class Untouchable:
+        def __getattr__(self, name):
+            raise AssertionError(f"the communicator was used ({name}) before the model was checked")
+    net = nn.Sequential(nn.Linear(2, 2, device="meta"), nn.BatchNorm1d(2, device="meta"))
+    with pytest.raises(ringcomm.UsageError, match=r"0\.weight, 0\.bias, 1\.weight, 1\.bias, 1\.running_mean, "
+                                                  r".* on the meta device"):
+        ddp.DistributedDataParallel(net, Untouchable())
+
+
 def test_pickling_or_deep_copying_the_wrapper_says_what_to_save_instead():
     def body(comm):
         model = ddp.DistributedDataParallel(nn.Linear(3, 2), comm)
