@@ -139,7 +139,11 @@ def _compress_hook(state, bucket, dtype: torch.dtype, name: str) -> CommFuture:
     # Divide before the sum, as PyTorch does: the half-precision sum of n gradients can overflow.
     real = _real(buffer)
     compressed = real.to(dtype).div_(st.comm.size)
-    return _all_reduce(st, compressed, "sum").then(lambda reduced: (real.copy_(reduced), buffer)[1])
+
+    def decompress(reduced):
+        real.copy_(reduced)
+        return buffer
+    return _all_reduce(st, compressed, "sum").then(decompress)
 
 
 def _real(buffer: torch.Tensor) -> torch.Tensor:
