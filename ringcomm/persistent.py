@@ -306,10 +306,12 @@ def too_large(comm, call) -> bool:
 
 def fast_road(comm, call, plan) -> Optional[int]:
     """The buffer bytes a WindowCall of this call would hold, if the call qualifies: a window plan
-    with work to do, host memory, at most FAST_LIMIT bytes, no scaling before the communication,
-    and nothing that must look at every call (debug logging, pre-flight); else None."""
+    with work to do, host memory, at most FAST_LIMIT bytes, nothing to scale or copy before the
+    communication, and nothing that must look at every call (debug logging, pre-flight); else None."""
     if plan.window is None or not plan.program or call.device != "cpu" or call.factor is not None:
         return None
+    if call.snapshot is not None:
+        return None   # the copy before the call (Collective.before), which the road skips
     if call.op is ReduceOp.AVG and call.dtype.name in ("float16", "bfloat16"):
         return None   # scaled before the sum (ops.prescale_factor): the ordinary road does it
     if comm._preflight_on or comm._logging() or comm.size < 2 or too_large(comm, call):

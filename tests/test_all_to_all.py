@@ -107,3 +107,34 @@ def test_a_rank_whose_own_splits_disagree_about_its_own_block_is_refused_before_
         comm.all_to_all(out, x)   # nothing was sent: the communicator goes on
         return out.tolist()
     assert run_threads(2, body) == [[0.0, 1.0, 10.0, 11.0], [2.0, 3.0, 12.0, 13.0]]
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("algorithm", algorithms.names("all_to_all") + [None])
+def test_all_to_all_in_place(algorithm, size):
+    """MPI_IN_PLACE's form: out is x itself. Even calls four times on the same array (the
+    implicit memo remembers a call from its second time on), with x refilled between calls;
+    then uneven ones whose splits differ but add up alike (a symmetric matrix)."""
+    block = 257
+    even_only = algorithm is not None and algorithms.get("all_to_all", algorithm).even_only
+    m = [[(i + j) % 3 + (i * j) % 2 for j in range(size)] for i in range(size)]   # M[i][j] == M[j][i]
+
+    def fn(comm):
+        r, got = comm.rank, []
+        x = np.empty(size * block, np.float64)
+        for call in range(4):
+            x[...] = np.arange(size * block) + 1e4 * r + 1e6 * call
+            assert comm.all_to_all(x, x, algorithm=algorithm) is x
+            got.append(x.copy())
+        if not even_only:
+            y = np.arange(sum(m[r]), dtype=np.float64) + 1e4 * r
+            comm.all_to_all(y, y, out_splits=[m[i][r] for i in range(size)], in_splits=m[r], algorithm=algorithm)
+            got.append(y)
+        return got
+    for r, got in enumerate(run_threads(size, fn)):
+        for call in range(4):
+            ins = [np.arange(size * block, dtype=np.float64) + 1e4 * q + 1e6 * call for q in range(size)]
+            assert got[call].tobytes() == REF.reference(ins)[r].tobytes(), f"{algorithm} n={size} call {call}"
+        if not even_only:
+            ins = [np.arange(sum(m[q]), dtype=np.float64) + 1e4 * q for q in range(size)]
+            assert got[4].tobytes() == REF.reference(ins, in_splits=m)[r].tobytes(), f"{algorithm} n={size} uneven"

@@ -162,6 +162,20 @@ def test_mixed_devices_are_refused_before_a_sequence_number(cp):
     assert run_threads(1, body) == [0]
 
 
+def test_in_place_calls_set_their_copy_aside_on_the_arrays_device(cp):
+    """An in-place gather root's block and an in-place all_to_all's x are copied aside as the
+    call starts; from a thread whose current device is 0, an array on device 1 must get its copy
+    on device 1 (cupy allocates on the current device)."""
+    def body(comm):
+        out = device_array(cp, np.arange(4), device=1)
+        asides = [ringcomm.collectives.get(name).prepare(comm, out, out).inp.flat.device.id
+                  for name in ("gather", "all_to_all")]
+        comm.gather(out, out)
+        comm.all_to_all(out, out)
+        return asides, cp.asnumpy(out).tolist()
+    assert run_threads(1, body) == [([1, 1], [0, 1, 2, 3])]
+
+
 def test_a_forced_window_algorithm_runs_on_device_memory_where_one_rank_moves_nothing(cp):
     """Defect 7 (RINGCOMM_ALGO forcing one_shot reached window.post with a cupy array) is refused
     across processes (the "validation" check above); a communicator of one rank moves nothing, so

@@ -4,7 +4,10 @@ receives block r of every rank's x into out, in rank order.
 Even (no splits): x and out hold size equal blocks. Uneven, like torch's all_to_all_single:
 ``in_splits[j]`` elements of x go to rank j, ``out_splits[j]`` elements of out come from rank j
 (zeros allowed; what rank i sends to j must equal what j expects from i, or both raise
-MismatchError: message lengths are checked). Pass splits on every rank or on none. x is never changed. Vector: x (count = its elements).
+MismatchError: message lengths are checked). Pass splits on every rank or on none. x is never
+changed, except in place (MPI_IN_PLACE's form): out is x itself, which is then read from a copy
+taken as the call starts (x's S bytes copied once more). Vector: x
+(count = its elements).
 Bus bandwidth factor (n-1)/n (nccl-tests). MPI: MPI_Ialltoallv. torch.distributed:
 ProcessGroup.alltoall_base.
 """
@@ -14,7 +17,7 @@ import numpy as np
 
 from ..core.schedule import chunk
 from ..errors import bad_value
-from .base import Call, Collective, buffer, counts_of, disjoint, elements, same_kind
+from .base import Call, Collective, buffer, counts_of, disjoint, elements, is_block, same_kind, set_aside
 
 
 class AllToAll(Collective):
@@ -37,14 +40,20 @@ class AllToAll(Collective):
             # Blocks of x's size / n go out and out's size / n come in: ranks could never agree.
             raise bad_value(self.name, "out", f"{xb.numel} elements, as many as x (or pass out_splits=)",
                             f"{ob.numel} elements")
-        disjoint(self.name, ob, xb)
+        same = ob.numel == xb.numel and is_block(ob, xb, 0)
+        if not same:
+            disjoint(self.name, ob, xb)
         me = comm.rank
         if sends[me] != recvs[me]:   # the block a rank sends itself: its own two lists must agree
             raise bad_value(self.name, "out_splits", f"out_splits[{me}] equal to in_splits[{me}] = {sends[me]} "
                             f"(the block rank {me} sends itself)", recvs[me])
-        call = Call(self, xb, ob, dtype=xb.dtype, count=xb.numel, result=out, counts=sends,
+        # In place (out is x): x is read from a copy taken as the call starts (before)
+        inp = set_aside(xb) if same else xb
+        call = Call(self, inp, ob, dtype=xb.dtype, count=xb.numel, result=out, counts=sends,
                     recv_counts=recvs, in_place=False)
         call.uneven = in_splits is not None or out_splits is not None
+        if same:
+            call.snapshot = (inp.flat, xb.flat)
         return call
 
     def _splits(self, splits, argument: str, buf, n: int) -> tuple:

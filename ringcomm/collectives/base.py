@@ -17,7 +17,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..core.buffers import Buffer, as_buffer, overlaps
+from ..core.buffers import Buffer, address, as_buffer, overlaps
 from ..core.ops import DType, ReduceOp, check_op, finish_avg, parse_op, prescale_factor, scale_into
 from ..core.schedule import Shape
 from ..errors import bad_type, bad_value
@@ -26,7 +26,8 @@ from ..errors import bad_type, bad_value
 class Call:
     """One call of a collective, as ``prepare`` left it (slotted: one is built per call)."""
     __slots__ = ("collective", "inp", "out", "dtype", "op", "factor", "root", "count", "counts",
-                 "recv_counts", "in_place", "writable", "result", "peer", "tag", "source", "uneven")
+                 "recv_counts", "in_place", "writable", "result", "peer", "tag", "source", "uneven",
+                 "snapshot")
 
     def __init__(self, collective: "Collective", inp: Optional[Buffer], out: Optional[Buffer], *,
                  dtype: Optional[DType], count: int, result=None, op: Optional[ReduceOp] = None,
@@ -38,6 +39,9 @@ class Call:
         self.counts, self.recv_counts, self.in_place, self.writable = counts, recv_counts, in_place, writable
         self.peer = self.tag = self.source = None
         self.uneven = False   # all_to_all: splits were passed (every rank passes them, or none does)
+        # (to, from): flat arrays copied before any message (``before``): a gather root's own
+        # block, in place in its output, moved aside so no algorithm reads and writes one memory
+        self.snapshot: Optional[tuple] = None
 
     @property
     def name(self) -> str:
@@ -117,6 +121,9 @@ class Collective:
         """Local work before any communication: premul_sum and the half-precision avg scale the
         input (ops.prescale_factor), in place where the input becomes the result anyway, else into
         the output (which then serves as the input of an in-place call), else into a copy."""
+        if call.snapshot is not None:
+            to, source = call.snapshot
+            to[...] = source
         factor = None if call.op is None else prescale_factor(call.op, call.factor, call.dtype, size)
         if factor is None:
             return
@@ -212,6 +219,27 @@ def same_kind(collective: str, out: Buffer, x: Buffer) -> None:
 def elements(collective: str, argument: str, buf: Buffer, expected: int) -> None:
     if buf.numel != expected:
         raise bad_value(collective, argument, f"{expected} elements", f"{buf.numel} elements")
+
+
+def is_block(whole: Buffer, part: Buffer, start: int) -> bool:
+    """Whether ``part`` is exactly ``whole``'s elements from ``start`` on (MPI_IN_PLACE's form of
+    gather and scatter at the root, of all_gather everywhere): that very memory, not merely some
+    of it. Called after same_kind, so the dtypes agree."""
+    return part.numel > 0 and whole.device == part.device and \
+        address(whole.flat[start:start + part.numel]) == address(part.flat)
+
+
+def set_aside(buf: Buffer) -> Buffer:
+    """A buffer like ``buf`` on memory of its own (in place: a gather or scatter root's block, an
+    all_to_all's x), on ``buf``'s device: cupy allocates on the current one, which is not
+    necessarily the array's."""
+    flat = buf.flat
+    if isinstance(flat, np.ndarray):
+        aside = np.empty_like(flat)
+    else:
+        with flat.device:
+            aside = np.empty_like(flat)   # cupy's, through NEP 18
+    return Buffer(buf.obj, aside, buf.dtype, buf.kind, buf.device)
 
 
 def disjoint(collective: str, out: Buffer, x: Buffer) -> None:

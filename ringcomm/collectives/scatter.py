@@ -1,7 +1,9 @@
 """scatter(out, x, root=0): rank r's out becomes block r of root's x.
 
 Root's x holds size equal blocks (x only on root, None elsewhere); every rank's out has one
-block's elements. Vector: out (count = its elements); bus bandwidth factor (n-1)/n of root's
+block's elements. In place (MPI_IN_PLACE) when root's out is exactly root's block of its x: it
+holds its result already, and what the algorithm writes for root lands in memory of its own
+(S/n bytes copied there, which MPI's in-place scatter spares). Vector: out (count = its elements); bus bandwidth factor (n-1)/n of root's
 whole x (nccl-tests). Rooted: ends with the confirmation barrier.
 MPI: MPI_Iscatter. torch.distributed: ProcessGroup.scatter.
 """
@@ -10,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import bad_value
-from .base import Call, Collective, buffer, disjoint, elements, root_of, same_kind
+from .base import Call, Collective, buffer, disjoint, elements, is_block, root_of, same_kind, set_aside
 
 
 class Scatter(Collective):
@@ -39,6 +41,9 @@ class Scatter(Collective):
         xb = buffer(x, self.name, "x", read_only=True)
         same_kind(self.name, ob, xb)
         elements(self.name, "x", xb, comm.size * ob.numel)
+        if is_block(xb, ob, root * ob.numel):
+            return Call(self, xb, set_aside(ob), dtype=ob.dtype, count=ob.numel, result=out, root=root,
+                        in_place=False)
         disjoint(self.name, ob, xb)
         return Call(self, xb, ob, dtype=ob.dtype, count=ob.numel, result=out, root=root, in_place=False)
 

@@ -116,31 +116,45 @@ class Checker:
                     [p[off:off + sizes[self.rank]] for p in ins])
         self.exact("reduce_scatter input kept", case, x, ins[self.rank])
 
-    def all_to_all(self, case, uneven=False, algorithm=None):
+    def all_to_all(self, case, uneven=False, algorithm=None, in_place=False):
+        """``in_place``: out is x itself (MPI_IN_PLACE's form; uneven splits then symmetric)."""
         n = self.size
         rng = np.random.default_rng([self.case, 7])
         m = rng.integers(0, 4, (n, n)) if uneven else np.full((n, n), case.count)
+        if in_place:
+            m = np.triu(m) + np.triu(m, 1).T   # what each rank sends adds up to what it receives
         ins = self.inputs(case, lambda r: int(m[r].sum()))
-        out = empty(case, int(m[:, self.rank].sum()))
+        x = make(case, ins[self.rank])
+        out = x if in_place else empty(case, int(m[:, self.rank].sum()))
         splits = (list(map(int, m[:, self.rank])), list(map(int, m[self.rank]))) if uneven else (None, None)
-        self.comm.all_to_all(out, make(case, ins[self.rank]), *splits, algorithm=algorithm)
+        self.comm.all_to_all(out, x, *splits, algorithm=algorithm)
         ref = collectives.get("all_to_all").reference(ins, in_splits=[tuple(map(int, row)) for row in m])
-        self.exact(f"all_to_all(uneven={uneven}, {algorithm})", case, out, ref[self.rank])
+        self.exact(f"all_to_all(uneven={uneven}, {algorithm}, in_place={in_place})", case, out, ref[self.rank])
 
-    def gather(self, case, root, algorithm=None):
+    def gather(self, case, root, algorithm=None, in_place=False):
+        """``in_place``: root's x is its own block of out (MPI_IN_PLACE's form)."""
         ins = self.inputs(case, lambda r: case.count)
         out = empty(case, self.size * case.count) if self.rank == root else None
-        self.comm.gather(out, make(case, ins[self.rank]), root, algorithm=algorithm)
+        x = make(case, ins[self.rank])
+        if in_place and self.rank == root:
+            x = out[root * case.count:(root + 1) * case.count]
+            x[...] = make(case, ins[root])
+        self.comm.gather(out, x, root, algorithm=algorithm)
         if self.rank == root:
-            self.exact(f"gather(root={root}, {algorithm})", case, out, np.concatenate(ins))
+            self.exact(f"gather(root={root}, {algorithm}, in_place={in_place})", case, out, np.concatenate(ins))
 
-    def scatter(self, case, root, algorithm=None):
+    def scatter(self, case, root, algorithm=None, in_place=False):
+        """``in_place``: root's out is its own block of x (MPI_IN_PLACE's form)."""
         ins = self.inputs(case, lambda r: self.size * case.count)
         out = empty(case, case.count)
         x = make(case, ins[root]) if self.rank == root else None
+        if in_place and self.rank == root:
+            out = x[root * case.count:(root + 1) * case.count]
         self.comm.scatter(out, x, root, algorithm=algorithm)
-        self.exact(f"scatter(root={root}, {algorithm})", case, out,
+        self.exact(f"scatter(root={root}, {algorithm}, in_place={in_place})", case, out,
                    ins[root][self.rank * case.count:(self.rank + 1) * case.count])
+        if self.rank == root:
+            self.exact("scatter's x kept", case, x, ins[root])
 
     def send_recv(self, case):
         """A ring of messages: each rank sends to its right, receives from its left."""
@@ -190,14 +204,15 @@ def grid(c, big):
             data = Case(count, dtype, "sum", kind)
             c.broadcast(data, root=count % size)
             c.all_gather(data)
-            c.all_to_all(data)
-            c.gather(data, root=(count + 1) % size)
-            c.scatter(data, root=count % size)
+            c.all_to_all(data, in_place=bool(count % 2))
+            c.gather(data, root=(count + 1) % size, in_place=bool(count % 2))
+            c.scatter(data, root=count % size, in_place=not count % 2)
             c.send_recv(data)
         uneven, kind = tuple((r * 3 + j) % 5 for r in range(size)), "torch" if dtype == "bfloat16" else "numpy"
         c.all_gather(Case(0, dtype, "sum", kind), counts=uneven)
         c.reduce_scatter(Case(0, dtype, "sum", kind), counts=uneven)
         c.all_to_all(Case(0, dtype, "sum", kind), uneven=True)
+        c.all_to_all(Case(0, dtype, "sum", kind), uneven=True, in_place=True)
         c.comm.barrier()
     for dtype in ("float32", "float16", "bfloat16"):   # ~1 MiB: several segments, pipelining
         for op in ("sum", "max"):
@@ -209,6 +224,9 @@ def grid(c, big):
         c.broadcast(data, root=size - 1)
         c.all_gather(Case(big // size, dtype, "sum", data.kind))
         c.all_to_all(Case(big // size, dtype, "sum", data.kind))
+        c.all_to_all(Case(big // size, dtype, "sum", data.kind), in_place=True)
+        c.gather(Case(big // size, dtype, "sum", data.kind), root=size - 1, in_place=True)
+        c.scatter(Case(big // size, dtype, "sum", data.kind), root=0, in_place=True)
         c.send_recv(data)   # from 1 MiB read out of the sender's process (CMA) where the node allows
     c.send_across_collectives(Case(97, "float32", "sum", "numpy"))
 
