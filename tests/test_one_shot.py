@@ -372,3 +372,29 @@ def test_one_shot_all_to_all_runs_as_many_rounds_as_the_longest_block_of_any_ran
     expected = collectives.get("all_to_all").reference([g[0] for g in got], in_splits=[tuple(row) for row in m])
     for r in range(3):
         assert np.array_equal(got[r][1], expected[r]), r
+
+
+def test_window_stamps_carry_any_count_as_a_non_negative_int64():
+    """A stamp is an int64 beside a window slot, never negative (a rank that gave up posts -1).
+    Counts below 2**30 go in exactly; larger ones as bit 30 and a hash, which never equals a
+    small count and tells apart counts that differ by a power of two."""
+    from ringcomm.core.envelope import EXACT_COUNTS, count_differs, stamp_count, stamp_parts, static_bits, \
+        window_stamp
+    static = static_bits(1, "int8", 4)
+    counts = [0, 1, 97, EXACT_COUNTS - 1, EXACT_COUNTS, (1 << 31) - 1, 1 << 31, (1 << 31) + 4099, 1 << 40, 1 << 62]
+    regions = [np.zeros(region_bytes(CAPACITY), np.uint8) for _ in range(2)]
+    window = Window(0, regions)
+    for count in counts:
+        stamp = window_stamp(5, static, count)
+        assert 0 <= stamp < 1 << 63, count
+        window.publish(stamp)   # the int64 slot header took it (a ValueError from 2**31 on, before)
+        tag, carried = stamp_parts(stamp)
+        assert carried == stamp_count(count) and (carried == count) == (count < EXACT_COUNTS)
+        assert carried >= EXACT_COUNTS or count < EXACT_COUNTS
+        assert count_differs(1, count, carried) == ""
+    large = [c for c in counts if c >= EXACT_COUNTS] + [(1 << 31) + (1 << k) for k in range(31)]
+    assert len({stamp_count(c) for c in large}) == len(large)
+    assert count_differs(1, 97, stamp_count(96)) == "rank 1 differs in count: expected 97, received 96"
+    assert count_differs(1, 1 << 31, stamp_count((1 << 31) + 1)) == \
+        f"rank 1 differs in count: expected {1 << 31}, received another count of {EXACT_COUNTS} or more"
+    assert count_differs(1, 1 << 31, stamp_count(1)) == f"rank 1 differs in count: expected {1 << 31}, received 1"

@@ -47,7 +47,13 @@ USER_TAG_LIMIT = 1 << 23       # send/recv tags are 0 .. USER_TAG_LIMIT - 1
 # collective this rank never entered pairs its pre-flight row with that exchange, and its
 # MismatchError names the call so.
 CLOSE_CODE = 0x52_45_54_49_52_45_44
-STAMP_COUNT_SHIFT = 32         # a one-shot window stamp: the exact count above the 29-bit tag
+STAMP_COUNT_SHIFT = 32         # a one-shot window stamp: the count (stamp_count) above the 29-bit tag
+# Stamps are int64 and never negative (a rank that gave up posts -1), which leaves the count 31
+# bits. Counts below 2**30 go in as they are; from 2**30 on, bit 30 and a 30-bit hash of the
+# count: a count of 2**31 elements or more overflowed the stamp and stopped every window
+# algorithm at its first round (ValueError from the slot's int64 view).
+EXACT_COUNTS = 1 << 30
+_HASH = 0x9E3779B97F4A7C15     # 2**64 / the golden ratio, odd: counts that differ by 2**k hash apart
 # ... and between the two (bits 29-31), which window algorithm posted it: one_shot and direct
 # rounds of one call carry different things in their slots (data, or an address to read).
 WINDOW_KIND_SHIFT = 29
@@ -185,13 +191,32 @@ def describe_p2p_mismatch(tag: int, dtype: str, user_tag: int, peer: int) -> Opt
 
 def window_stamp(seq: int, static: int, count: int) -> int:
     """What a one-shot round writes beside its slot: the call's tag (sequence and ``static``
-    bits) and its exact count, so ranks whose counts agree mod 32 still disagree here."""
+    bits) and its count (``stamp_count``), so ranks whose counts agree mod 32 still disagree here."""
+    if count >= EXACT_COUNTS:
+        count = stamp_count(count)
     return count << STAMP_COUNT_SHIFT | (seq % SEQ_MOD) << 19 | static
 
 
+def stamp_count(count: int) -> int:
+    """A count as a window stamp carries it: exact below EXACT_COUNTS, else bit 30 and a hash."""
+    if count < EXACT_COUNTS:
+        return count
+    return EXACT_COUNTS | (count * _HASH & (1 << 64) - 1) >> 34
+
+
 def stamp_parts(stamp: int) -> tuple:
-    """(tag, exact count) of a window stamp."""
+    """(tag, count as stamp_count gave it) of a window stamp."""
     return stamp & ((1 << STAMP_COUNT_SHIFT) - 1), stamp >> STAMP_COUNT_SHIFT
+
+
+def count_differs(peer: int, mine: int, theirs: int) -> str:
+    """Why a peer's stamp count (``theirs``, stamp_count's) is not this rank's count ``mine``;
+    empty if it is."""
+    if theirs == stamp_count(mine):
+        return ""
+    if theirs < EXACT_COUNTS:
+        return f"rank {peer} differs in count: expected {mine}, received {theirs}"
+    return f"rank {peer} differs in count: expected {mine}, received another count of {EXACT_COUNTS} or more"
 
 
 def window_kind_bits(kind: int) -> int:

@@ -20,7 +20,7 @@ import numpy as np
 from ..errors import CommTimeoutError, MismatchError, PeerAbortedError
 from ..transport.base import Reducer, Transport
 from ..transport.window import POISON
-from .envelope import ABORT_TAG, ALGORITHM_MASK, P2P, Envelope, stamp_parts, window_kind_of
+from .envelope import ABORT_TAG, ALGORITHM_MASK, P2P, Envelope, count_differs, stamp_parts, window_kind_of
 from .schedule import TMP, Copy, Recv, RecvReduce, Send, lanes_of, prologue_of, scratch_elements, sends_first
 
 _NOTHING = np.empty(0, np.uint8)   # the buffers of a call without any (barrier)
@@ -200,10 +200,9 @@ class _Watch:
         stamp = None if window is None else window.ahead(peer)
         if stamp == POISON and not (done is not None and done()):
             raise gave_up(transport, peer, self.what)
-        if stamp is not None:   # the stamp has the exact count: counts equal mod 32 differ there
+        if stamp is not None:   # the stamp has the count (envelope.stamp_count): counts equal mod 32 differ there
             tag, count = stamp_parts(stamp)
-            reason = self.envelope.describe_mismatch(tag, peer) or (count != self.envelope.count and (
-                f"rank {peer} differs in count: expected {self.envelope.count}, received {count}"))
+            reason = self.envelope.describe_mismatch(tag, peer) or count_differs(peer, self.envelope.count, count)
             if not reason:
                 reason = self.other_kind(peer, window_kind_of(stamp))
             if reason and not (done is not None and done()):
@@ -368,8 +367,8 @@ class WindowGuard:
             raise gave_up(self.watch.transport, peer, self.what)
         tag, count = stamp_parts(stamp)
         reason = self.envelope.describe_mismatch(tag, peer) or self.watch.other_kind(peer, window_kind_of(stamp))
-        if reason is None and count != self.count:
-            reason = f"rank {peer} differs in count: expected {self.count}, received {count}"
+        if reason is None:
+            reason = count_differs(peer, self.count, count) or None
         if reason is None and word != self.word and self.describe_word is not None:
             reason = f"rank {peer} differs in {self.describe_word(self.word, word)}"
         raise MismatchError(f"{self.what} on rank {self.rank}: {reason or f'rank {peer} posted stamp {stamp:#x}'}")
