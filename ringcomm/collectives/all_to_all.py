@@ -6,8 +6,7 @@ Even (no splits): x and out hold size equal blocks. Uneven, like torch's all_to_
 (zeros allowed; what rank i sends to j must equal what j expects from i, or both raise
 MismatchError: message lengths are checked). Pass splits on every rank or on none. x is never
 changed, except in place (MPI_IN_PLACE's form): out is x itself, which is then read from a copy
-taken as the call starts (x's S bytes copied once more). Vector: x
-(count = its elements).
+taken as the call starts (x's S bytes copied once more). Vector: x (count = its elements).
 Bus bandwidth factor (n-1)/n (nccl-tests). MPI: MPI_Ialltoallv. torch.distributed:
 ProcessGroup.alltoall_base.
 """

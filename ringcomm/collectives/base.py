@@ -39,8 +39,9 @@ class Call:
         self.counts, self.recv_counts, self.in_place, self.writable = counts, recv_counts, in_place, writable
         self.peer = self.tag = self.source = None
         self.uneven = False   # all_to_all: splits were passed (every rank passes them, or none does)
-        # (to, from): flat arrays copied before any message (``before``): a gather root's own
-        # block, in place in its output, moved aside so no algorithm reads and writes one memory
+        # (to, from): flat arrays copied before any message (``before``): an in-place gather
+        # root's block, an in-place all_to_all's x, set aside so no algorithm reads and writes
+        # one memory (set_aside)
         self.snapshot: Optional[tuple] = None
 
     @property
@@ -223,8 +224,8 @@ def elements(collective: str, argument: str, buf: Buffer, expected: int) -> None
 
 def is_block(whole: Buffer, part: Buffer, start: int) -> bool:
     """Whether ``part`` is exactly ``whole``'s elements from ``start`` on (MPI_IN_PLACE's form of
-    gather and scatter at the root, of all_gather everywhere): that very memory, not merely some
-    of it. Called after same_kind, so the dtypes agree."""
+    gather and scatter at the root, and of all_to_all): that very memory, not merely some of it.
+    Called after same_kind, so the dtypes agree."""
     return part.numel > 0 and whole.device == part.device and \
         address(whole.flat[start:start + part.numel]) == address(part.flat)
 

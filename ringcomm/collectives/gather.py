@@ -1,10 +1,11 @@
 """gather(out, x, root=0): root's out becomes the concatenation of every rank's x, in rank order.
 
 Every rank's x has the same number of elements; out (size x that many) only on root, None
-elsewhere. x is never changed. In place (MPI_IN_PLACE) when root's x is exactly root's block of
-its out: root's block is then read from a copy taken as the call starts, so that no algorithm
-reads and writes one memory (S/n bytes copied at the root, which MPI's in-place gather spares). Vector: x on each rank (count = its elements); bus bandwidth
-factor (n-1)/n of the gathered size (nccl-tests). Rooted: ends with the confirmation barrier.
+elsewhere. x is never changed. In place (MPI_IN_PLACE) when root's x is exactly root's block of its
+out: root's block is then read from a copy taken as the call starts, so that no algorithm reads and
+writes one memory (S/n bytes copied at the root, which MPI's in-place gather spares). Vector: x on
+each rank (count = its elements); bus bandwidth factor (n-1)/n of the gathered size (nccl-tests).
+Rooted: ends with the confirmation barrier.
 MPI: MPI_Igather. torch.distributed: ProcessGroup.gather.
 """
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """scatter(out, x, root=0): rank r's out becomes block r of root's x.
 
-Root's x holds size equal blocks (x only on root, None elsewhere); every rank's out has one
-block's elements. In place (MPI_IN_PLACE) when root's out is exactly root's block of its x: it
-holds its result already, and what the algorithm writes for root lands in memory of its own
-(S/n bytes copied there, which MPI's in-place scatter spares). Vector: out (count = its elements); bus bandwidth factor (n-1)/n of root's
-whole x (nccl-tests). Rooted: ends with the confirmation barrier.
+Root's x holds size equal blocks (x only on root, None elsewhere); every rank's out has one block's
+elements. In place (MPI_IN_PLACE) when root's out is exactly root's block of its x: it holds its
+result already, and what the algorithm writes for root lands in memory of its own (S/n bytes copied
+there, which MPI's in-place scatter spares). Vector: out (count = its elements); bus bandwidth
+factor (n-1)/n of root's whole x (nccl-tests). Rooted: ends with the confirmation barrier.
 MPI: MPI_Iscatter. torch.distributed: ProcessGroup.scatter.
 """
 from __future__ import annotations

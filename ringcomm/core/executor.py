@@ -200,7 +200,7 @@ class _Watch:
         stamp = None if window is None else window.ahead(peer)
         if stamp == POISON and not (done is not None and done()):
             raise gave_up(transport, peer, self.what)
-        if stamp is not None:   # the stamp has the count (envelope.stamp_count): counts equal mod 32 differ there
+        if stamp is not None:   # the stamp has the count (stamp_count): counts equal mod 32 differ there
             tag, count = stamp_parts(stamp)
             reason = self.envelope.describe_mismatch(tag, peer) or count_differs(peer, self.envelope.count, count)
             if not reason:
