@@ -96,12 +96,19 @@ class Checker:
         self.exact(f"broadcast(root={root}, {algorithm})", case, x, ins[root])
         self.fingerprint(x)
 
-    def all_gather(self, case, counts=None, algorithm=None):
+    def all_gather(self, case, counts=None, algorithm=None, odd_in_place=False):
+        """``odd_in_place``: the odd ranks pass their own part of out as x, the others not."""
         sizes = counts or (case.count,) * self.size
         ins = self.inputs(case, lambda r: sizes[r])
         out = empty(case, sum(sizes))
-        self.comm.all_gather(out, make(case, ins[self.rank]), counts=counts, algorithm=algorithm)
-        self.exact(f"all_gather(counts={counts}, {algorithm})", case, out, np.concatenate(ins))
+        x = make(case, ins[self.rank])
+        if odd_in_place and self.rank % 2:
+            off = sum(sizes[:self.rank])
+            x = out[off:off + sizes[self.rank]]
+            x[...] = make(case, ins[self.rank])
+        self.comm.all_gather(out, x, counts=counts, algorithm=algorithm)
+        self.exact(f"all_gather(counts={counts}, {algorithm}, odd_in_place={odd_in_place})", case, out,
+                   np.concatenate(ins))
 
     def reduce_scatter(self, case, counts=None, algorithm=None):
         sizes = counts or (case.count,) * self.size
@@ -203,7 +210,7 @@ def grid(c, big):
                 c.reduce_scatter(case)
             data = Case(count, dtype, "sum", kind)
             c.broadcast(data, root=count % size)
-            c.all_gather(data)
+            c.all_gather(data, odd_in_place=bool(count % 2))
             c.all_to_all(data, in_place=bool(count % 2))
             c.gather(data, root=(count + 1) % size, in_place=bool(count % 2))
             c.scatter(data, root=count % size, in_place=not count % 2)
@@ -223,6 +230,7 @@ def grid(c, big):
         data = Case(big, dtype, "sum", "torch" if dtype == "bfloat16" else "numpy")
         c.broadcast(data, root=size - 1)
         c.all_gather(Case(big // size, dtype, "sum", data.kind))
+        c.all_gather(Case(big // size, dtype, "sum", data.kind), odd_in_place=True)
         c.all_to_all(Case(big // size, dtype, "sum", data.kind))
         c.all_to_all(Case(big // size, dtype, "sum", data.kind), in_place=True)
         c.gather(Case(big // size, dtype, "sum", data.kind), root=size - 1, in_place=True)
