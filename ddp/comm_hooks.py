@@ -136,9 +136,7 @@ def _compress_hook(state, bucket, dtype: torch.dtype, name: str) -> CommFuture:
     buffer = bucket.buffer()
     if buffer.dtype == dtype:
         return allreduce_hook(st, bucket)
-    # Divide before the sum, as PyTorch does: the half-precision sum of n gradients can overflow.
-    real = _real(buffer)
-    compressed = real.to(dtype).div_(st.comm.size)
+    real, compressed = _compressed(buffer, dtype, st.comm.size)
 
     def decompress(reduced):
         real.copy_(reduced)
@@ -146,10 +144,14 @@ def _compress_hook(state, bucket, dtype: torch.dtype, name: str) -> CommFuture:
     return _all_reduce(st, compressed, "sum").then(decompress)
 
 
-def _real(buffer: torch.Tensor) -> torch.Tensor:
-    """A complex buffer's real and imaginary parts as a real view: what a compressing hook casts.
-    Cast as complex, the imaginary parts were dropped (torch warns, and so do its own hooks)."""
-    return torch.view_as_real(buffer) if buffer.is_complex() else buffer
+def _compressed(buffer: torch.Tensor, dtype: torch.dtype, size: int) -> tuple:
+    """(``buffer`` as a real view, that view cast to ``dtype`` and divided by ``size``): what a
+    compressing hook sends and where it writes the result back. Divided before the sum, as
+    PyTorch does: the half-precision sum of n gradients can overflow. A complex buffer goes as its
+    real and imaginary parts: cast as complex, the imaginary parts were dropped (torch warns, and
+    so do its own hooks)."""
+    real = torch.view_as_real(buffer) if buffer.is_complex() else buffer
+    return real, real.to(dtype).div_(size)
 
 
 def fp16_compress_hook(state, bucket) -> CommFuture:
@@ -181,10 +183,9 @@ def _compress_wrapper(hook: Callable, dtype: torch.dtype) -> Callable:
     def wrapped(state, bucket):
         st = _state(state, f"{dtype}_compress_wrapper")
         buffer = bucket.buffer()
-        real = _real(buffer)
-        compressed = real.to(dtype).div_(st.comm.size)
-        # The inner hook averages; undo the pre-division that guards against overflow.
         size = st.comm.size
+        real, compressed = _compressed(buffer, dtype, size)
+        # The inner hook averages; undo the pre-division that guards against overflow.
 
         def decompress(reduced):
             reduced = reduced[0] if isinstance(reduced, (list, tuple)) else reduced

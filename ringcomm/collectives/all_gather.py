@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core.buffers import address
 from ..core.schedule import layout
-from .base import Call, Collective, buffer, counts_of, disjoint, elements, same_kind
+from .base import Call, Collective, buffer, counts_of, disjoint, elements, is_block, same_kind
 
 
 class AllGather(Collective):
@@ -36,7 +35,7 @@ class AllGather(Collective):
             elements(self.name, "x", xb, parts[comm.rank])
             elements(self.name, "out", ob, sum(parts))
             off = sum(parts[:comm.rank])
-        in_place = xb.numel > 0 and ob.device == xb.device and address(ob.flat[off:off + xb.numel]) == address(xb.flat)
+        in_place = is_block(ob, xb, off)
         if not in_place:
             disjoint(self.name, ob, xb)
         return Call(self, xb if not in_place else ob, ob, dtype=xb.dtype, count=ob.numel, result=out,
