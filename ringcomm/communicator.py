@@ -23,7 +23,7 @@ from . import algorithms, env
 from .collectives import (ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, BARRIER, BROADCAST, GATHER, RECV, REDUCE,
                           REDUCE_SCATTER, SCATTER, SEND, Call)
 from .core import executor
-from .core.envelope import (ABORT_TAG, Envelope, op_code, static_bits, window_kind_bits,
+from .core.envelope import (ABORT_TAG, Envelope, count_word, op_code, static_bits, window_kind_bits,
                             window_stamp)
 from .core.ops import reducer
 from .core.progress import Engine
@@ -68,7 +68,7 @@ class _Plan(NamedTuple):
     static: int                # the envelope's tag bits but the sequence number (a window plan's: and its kind)
     count: int                 # the envelope's count
     shape: object = None       # a window algorithm's Shape
-    word: int = 0              # what a window round carries beside its stamp (Collective.window_word)
+    word: int = 0              # what a window round carries beside its stamp (Collective.window_word ^ count_word)
     index: int = 0             # a program's schedule algorithm, as its tags carry it (Envelope.algorithm)
 
 
@@ -524,7 +524,7 @@ class Communicator(PointToPoint, SubCommunicators):
             window, shape = algorithms.get(name, chosen), call.shape(self.size, seg)
             static |= window_kind_bits(algorithms.window_kind(name, chosen))
             return _Plan(chosen, how, window, window.has_work(shape), reduce, static, count, shape,
-                         collective.window_word(call))
+                         collective.window_word(call) ^ count_word(count))
         program = algorithms.plan(name, chosen, self.rank, call.shape(self.size, seg, nodes),
                                   collective.confirms(call))
         return _Plan(chosen, how, None, program, reduce, static, count, index=algorithms.schedule_index(name, chosen))

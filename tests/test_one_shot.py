@@ -376,25 +376,53 @@ def test_one_shot_all_to_all_runs_as_many_rounds_as_the_longest_block_of_any_ran
 
 def test_window_stamps_carry_any_count_as_a_non_negative_int64():
     """A stamp is an int64 beside a window slot, never negative (a rank that gave up posts -1).
-    Counts below 2**30 go in exactly; larger ones as bit 30 and a hash, which never equals a
-    small count and tells apart counts that differ by a power of two."""
-    from ringcomm.core.envelope import EXACT_COUNTS, count_differs, stamp_count, stamp_parts, static_bits, \
-        window_stamp
+    Counts below 2**30 go in exactly; larger ones as bit 30 and their low 30 bits, the rest in
+    bits 32-62 of the round's word: every count is carried exactly, and never equals another."""
+    from ringcomm.core.envelope import (EXACT_COUNTS, count_differs, count_word, stamp_count, stamp_parts,
+                                        static_bits, window_stamp, word_detail)
     static = static_bits(1, "int8", 4)
-    counts = [0, 1, 97, EXACT_COUNTS - 1, EXACT_COUNTS, (1 << 31) - 1, 1 << 31, (1 << 31) + 4099, 1 << 40, 1 << 62]
+    counts = [0, 1, 97, EXACT_COUNTS - 1, EXACT_COUNTS, (1 << 31) - 1, 1 << 31, (1 << 31) + 4099, 1 << 40,
+              (1 << 61) - 1]
     regions = [np.zeros(region_bytes(CAPACITY), np.uint8) for _ in range(2)]
     window = Window(0, regions)
+    root = 5   # a word of its own (a rooted call's), below bit 32
     for count in counts:
-        stamp = window_stamp(5, static, count)
-        assert 0 <= stamp < 1 << 63, count
-        window.publish(stamp)   # the int64 slot header took it (a ValueError from 2**31 on, before)
+        stamp, word = window_stamp(5, static, count), root ^ count_word(count)
+        assert 0 <= stamp < 1 << 63 and 0 <= word < 1 << 63, count
+        window.publish(stamp, word)   # the int64 slot header took both (a ValueError from 2**31 on, before)
+        assert (window.stamp(0, window.round), window.word(0, window.round)) == (stamp, word)
         tag, carried = stamp_parts(stamp)
-        assert carried == stamp_count(count) and (carried == count) == (count < EXACT_COUNTS)
-        assert carried >= EXACT_COUNTS or count < EXACT_COUNTS
-        assert count_differs(1, count, carried) == ""
-    large = [c for c in counts if c >= EXACT_COUNTS] + [(1 << 31) + (1 << k) for k in range(31)]
-    assert len({stamp_count(c) for c in large}) == len(large)
+        assert carried == stamp_count(count)
+        assert (carried == count) if count < EXACT_COUNTS else carried >= EXACT_COUNTS
+        assert word_detail(word) == root
+        assert count_differs(1, count, carried, (word, word)) == ""
+    large = [c for c in counts if c >= EXACT_COUNTS] + [(1 << 31) + (1 << k) for k in range(40)]
+    assert len({(stamp_count(c), count_word(c)) for c in large}) == len(large)
     assert count_differs(1, 97, stamp_count(96)) == "rank 1 differs in count: expected 97, received 96"
-    assert count_differs(1, 1 << 31, stamp_count((1 << 31) + 1)) == \
-        f"rank 1 differs in count: expected {1 << 31}, received another count of {EXACT_COUNTS} or more"
     assert count_differs(1, 1 << 31, stamp_count(1)) == f"rank 1 differs in count: expected {1 << 31}, received 1"
+    # Counts alike in their low 30 bits: the words tell them apart, and say the peer's count.
+    mine, theirs = (1 << 30) + 7, (1 << 31) + 7
+    assert stamp_count(mine) == stamp_count(theirs)
+    assert count_differs(1, mine, stamp_count(theirs), (root ^ count_word(mine), root ^ count_word(theirs))) == \
+        f"rank 1 differs in count: expected {mine}, received {theirs}"
+    assert count_differs(1, 97, stamp_count(theirs), (root, root ^ count_word(theirs))) == \
+        f"rank 1 differs in count: expected 97, received {theirs}"
+    # Where the rest of the words differs too (another root), the count is judged by what the
+    # stamp holds, and the root's difference is left to describe_word.
+    assert count_differs(1, mine, stamp_count(theirs), (root ^ count_word(mine), 6 ^ count_word(theirs))) == ""
+    assert count_differs(1, 1 << 31, stamp_count((1 << 31) + 1), (0, 0)) == \
+        f"rank 1 differs in count: expected {1 << 31}, received {(1 << 31) + 1}"
+
+
+@pytest.mark.parametrize("algorithm", ["one_shot", "direct"])
+def test_counts_of_2_30_or_more_that_agree_in_their_low_30_bits_still_mismatch(algorithm):
+    """Rank 1 passes 2**30 more elements than rank 0 (both 2**30 or more: their stamps match);
+    the round's word carries the rest of the count, so both ranks raise before reading a byte
+    past rank 0's array. np.zeros maps pages lazily: neither array is ever touched whole."""
+    def fn(comm):
+        x = np.zeros((1 << 30) + 7 + (1 << 30) * comm.rank, np.int8)
+        comm.all_reduce(x, algorithm=algorithm)
+    out = outcomes(2, fn, timeout=20)
+    assert all(isinstance(e, MismatchError) for e in out), out
+    assert f"rank 1 differs in count: expected {(1 << 30) + 7}, received {(1 << 31) + 7}" in str(out[0])
+    assert f"rank 0 differs in count: expected {(1 << 31) + 7}, received {(1 << 30) + 7}" in str(out[1])

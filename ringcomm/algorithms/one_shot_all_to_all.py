@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from ..core.envelope import word_detail
 from ..selection.cost import Network
 from . import _planned
 from ._direct import exchange_words
@@ -50,10 +51,11 @@ class OneShotAllToAll(PlannedAlgorithm):
         return True   # counts differ per rank: a rank with nothing to move still takes part
 
     def planned(self, window, src, dst, shape, reducer, word):
-        # Even calls only (word 0: no splits passed; an uneven call trades its splits in a round
-        # of its own first), whose blocks fit one round: q elements per peer.
+        # Even calls only (word 0, or only a large count's top (envelope.count_word): no splits
+        # passed; an uneven call trades its splits in a round of its own first), whose blocks fit
+        # one round: q elements per peer.
         q = places(window, src.itemsize)
-        if word == 0 and shape.counts[0] <= q and _planned.usable(window, src, dst):
+        if word_detail(word) == 0 and shape.counts[0] <= q and _planned.usable(window, src, dst):
             return _plan(shape, window.rank, src.itemsize, q), _planned.COPY
         return None
 
@@ -61,7 +63,7 @@ class OneShotAllToAll(PlannedAlgorithm):
         n, me = window.size, window.rank
         sends, recvs = shape.counts, shape.recv_counts
         q = places(window, src.itemsize)
-        uneven = word != 0   # all_to_all's window word: whether splits were passed
+        uneven = word_detail(word) != 0   # all_to_all's window word: whether splits were passed
         soff, roff = offsets(sends), offsets(recvs)
         if uneven:
             # The rounds to come depend on every rank's row: a stall here names this rank's own guess.

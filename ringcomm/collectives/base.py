@@ -106,7 +106,9 @@ class Collective:
     def window_word(self, call: Call) -> int:
         """What a window round carries beside its stamp (tag and exact count), so that ranks that
         disagree on what the count does not show raise: the root, or how uneven counts split
-        the vector (ranks that agree on the total but not the split would read the wrong bytes)."""
+        the vector (ranks that agree on the total but not the split would read the wrong bytes).
+        Below bit 32 where it is not a digest: the plan adds a large count's top above
+        (envelope.count_word)."""
         if self.rooted:
             return call.root
         if self.is_uneven(call):

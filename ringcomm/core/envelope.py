@@ -49,11 +49,15 @@ USER_TAG_LIMIT = 1 << 23       # send/recv tags are 0 .. USER_TAG_LIMIT - 1
 CLOSE_CODE = 0x52_45_54_49_52_45_44
 STAMP_COUNT_SHIFT = 32         # a one-shot window stamp: the count (stamp_count) above the 29-bit tag
 # Stamps are int64 and never negative (a rank that gave up posts -1), which leaves the count 31
-# bits. Counts below 2**30 go in as they are; from 2**30 on, bit 30 and a 30-bit hash of the
-# count: a count of 2**31 elements or more overflowed the stamp and stopped every window
-# algorithm at its first round (ValueError from the slot's int64 view).
+# bits. Counts below 2**30 go in as they are; from 2**30 on, bit 30 and the count's low 30 bits,
+# its higher bits riding in bits 32-62 of the round's word (``count_word``): a count of 2**31
+# elements or more overflowed the stamp and stopped every window algorithm at its first round
+# (ValueError from the slot's int64 view), and a hash of the rest let two such counts pass as one.
 EXACT_COUNTS = 1 << 30
-_HASH = 0x9E3779B97F4A7C15     # 2**64 / the golden ratio, odd: counts that differ by 2**k hash apart
+COUNT_WORD_SHIFT = 32
+_LOW_COUNT = EXACT_COUNTS - 1
+_LOW_WORD = (1 << COUNT_WORD_SHIFT) - 1
+_HIGH_COUNT = (1 << 31) - 1      # the top of a count below 2**61: bits 32-62 of a non-negative int64
 # ... and between the two (bits 29-31), which window algorithm posted it: one_shot and direct
 # rounds of one call carry different things in their slots (data, or an address to read).
 WINDOW_KIND_SHIFT = 29
@@ -198,10 +202,20 @@ def window_stamp(seq: int, static: int, count: int) -> int:
 
 
 def stamp_count(count: int) -> int:
-    """A count as a window stamp carries it: exact below EXACT_COUNTS, else bit 30 and a hash."""
+    """A count as a window stamp carries it: exact below EXACT_COUNTS, else bit 30 and its low
+    30 bits (the rest: ``count_word``)."""
     if count < EXACT_COUNTS:
         return count
-    return EXACT_COUNTS | (count * _HASH & (1 << 64) - 1) >> 34
+    return EXACT_COUNTS | count & _LOW_COUNT
+
+
+def count_word(count: int) -> int:
+    """What a count of EXACT_COUNTS or more adds (XOR) to its round's word: the bits its stamp has
+    no room for, in bits 32-62 (0 below EXACT_COUNTS). The words posted otherwise, a root or a
+    flag, lie below bit 32; an uneven call's hash of its counts stays a hash."""
+    if count < EXACT_COUNTS:
+        return 0
+    return (count >> 30 & _HIGH_COUNT) << COUNT_WORD_SHIFT
 
 
 def stamp_parts(stamp: int) -> tuple:
@@ -209,14 +223,26 @@ def stamp_parts(stamp: int) -> tuple:
     return stamp & ((1 << STAMP_COUNT_SHIFT) - 1), stamp >> STAMP_COUNT_SHIFT
 
 
-def count_differs(peer: int, mine: int, theirs: int) -> str:
+def count_differs(peer: int, mine: int, theirs: int, words: tuple = ()) -> str:
     """Why a peer's stamp count (``theirs``, stamp_count's) is not this rank's count ``mine``;
-    empty if it is."""
+    empty if it is. ``words``: (this rank's round word, the peer's), which hold the rest of a
+    count of EXACT_COUNTS or more (``count_word``); without them, or where the rest of the words
+    differs (a root: Collective.describe_word says so), such a count is judged by its low 30 bits."""
+    if theirs < EXACT_COUNTS:
+        return "" if theirs == mine else f"rank {peer} differs in count: expected {mine}, received {theirs}"
+    if words and not (words[0] ^ words[1]) & _LOW_WORD:
+        # Their word is ours but for the counts' tops: XOR ours out, theirs is left.
+        top = (words[0] ^ words[1]) >> COUNT_WORD_SHIFT ^ (mine >> 30 & _HIGH_COUNT)
+        full = top << 30 | theirs & _LOW_COUNT
+        return "" if full == mine else f"rank {peer} differs in count: expected {mine}, received {full}"
     if theirs == stamp_count(mine):
         return ""
-    if theirs < EXACT_COUNTS:
-        return f"rank {peer} differs in count: expected {mine}, received {theirs}"
     return f"rank {peer} differs in count: expected {mine}, received another count of {EXACT_COUNTS} or more"
+
+
+def word_detail(word: int) -> int:
+    """A round's word without what ``count_word`` added: the part Collective.describe_word reads."""
+    return word & _LOW_WORD
 
 
 def window_kind_bits(kind: int) -> int:

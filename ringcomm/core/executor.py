@@ -20,7 +20,8 @@ import numpy as np
 from ..errors import CommTimeoutError, MismatchError, PeerAbortedError
 from ..transport.base import Reducer, Transport
 from ..transport.window import POISON
-from .envelope import ABORT_TAG, ALGORITHM_MASK, P2P, Envelope, count_differs, stamp_parts, window_kind_of
+from .envelope import (ABORT_TAG, ALGORITHM_MASK, P2P, Envelope, count_differs, stamp_parts, window_kind_of,
+                       word_detail)
 from .schedule import TMP, Copy, Recv, RecvReduce, Send, lanes_of, prologue_of, scratch_elements, sends_first
 
 _NOTHING = np.empty(0, np.uint8)   # the buffers of a call without any (barrier)
@@ -368,7 +369,7 @@ class WindowGuard:
         tag, count = stamp_parts(stamp)
         reason = self.envelope.describe_mismatch(tag, peer) or self.watch.other_kind(peer, window_kind_of(stamp))
         if reason is None:
-            reason = count_differs(peer, self.count, count) or None
+            reason = count_differs(peer, self.count, count, (self.word, word)) or None
         if reason is None and word != self.word and self.describe_word is not None:
-            reason = f"rank {peer} differs in {self.describe_word(self.word, word)}"
+            reason = f"rank {peer} differs in {self.describe_word(word_detail(self.word), word_detail(word))}"
         raise MismatchError(f"{self.what} on rank {self.rank}: {reason or f'rank {peer} posted stamp {stamp:#x}'}")
