@@ -43,8 +43,8 @@ class DistributedDataParallel(nn.Module):
                 raise bad_type(NAME, arg, "a number of MiB", type(value).__name__)
             if value < 0:   # 0, as in torch: a bucket per parameter
                 raise bad_value(NAME, arg, "a number of MiB >= 0", value)
-        # torch's static_graph promises the graph never changes, so that torch can skip work; this
-        # reducer finds each backward's used parameters without the promise, and takes it as a hint.
+        # torch's static_graph promises the graph never changes: the reducer then learns in the
+        # first backward how many gradients each parameter gets (reentrant checkpoints reusing one).
         if not isinstance(static_graph, bool):
             raise bad_type(NAME, "static_graph", "a bool", type(static_graph).__name__)
         if comm is None:
@@ -87,7 +87,7 @@ class DistributedDataParallel(nn.Module):
         dense = [named[k] for k in self._dense]
         self.reducer = Reducer(comm, [p for _, p in dense], [n for n, _ in dense],
                                bucket_cap_mb=bucket_cap_mb, first_bucket_mb=first_bucket_mb,
-                               find_unused_parameters=find_unused_parameters,
+                               find_unused_parameters=find_unused_parameters, static_graph=static_graph,
                                gradient_as_bucket_view=gradient_as_bucket_view,
                                hook=self._hook, state=self._hook_state, timeline=self.timeline,
                                sparse=[(n, p) for n, p in named if id(p) in sparse],

@@ -139,12 +139,19 @@ class _Bucket:
 class Reducer:
     def __init__(self, comm, params: list, names: list, *, bucket_cap_mb: float, first_bucket_mb: float,
                  find_unused_parameters: bool, gradient_as_bucket_view: bool, hook: Callable, state,
-                 timeline=None, sparse: Sequence = (), wants_sync: Callable[[], bool] = lambda: True):
+                 timeline=None, sparse: Sequence = (), wants_sync: Callable[[], bool] = lambda: True,
+                 static_graph: bool = False):
         self.comm, self.params, self.names = comm, params, names
         self.sparse = list(sparse)   # (name, parameter) of the sparse-gradient parameters, in no bucket
         self.cap_bytes = int(bucket_cap_mb * MiB)
         self.first_cap_bytes = int(first_bucket_mb * MiB)
         self.find_unused = find_unused_parameters
+        # static_graph: the first synchronised backward reduces every gradient at its end and
+        # learns how many each parameter gets (``_fires``); later ones reduce a parameter after
+        # its last. A parameter can get several in one backward where a reentrant
+        # torch.utils.checkpoint recomputes it and it is used outside that segment too.
+        self.static = static_graph
+        self._fires: Optional[list] = None
         self.as_view = gradient_as_bucket_view
         self.hook, self.state = hook, state
         self.timeline = timeline
@@ -239,13 +246,24 @@ class Reducer:
             self._follow_conversions()
             # No output tensor to walk back from (an object of the user's own): which parameters
             # go unused shows only at the end of backward, where the missing ones go out.
-            self._arm(self._unreachable(outputs) if self.find_unused and outputs else set())
+            self._arm(self._unused_now(outputs))
             self._forward += 1
             forward = self._forward
         for out in outputs:
             # Fires when backward reaches the output: the start of backward, even if no parameter
             # gets a gradient at all.
             out.register_hook(functools.partial(self._output_grad, forward))
+
+    def _unused_now(self, outputs: list) -> set:
+        """What the coming backward will not reach: found by walking the graph from ``outputs``
+        (find_unused_parameters), or, with static_graph, as the first backward found it. The
+        walk cannot see inside a reentrant torch.utils.checkpoint, whose parameters are used
+        only in its own backward."""
+        if not self.find_unused or not outputs:
+            return set()
+        if self.static:
+            return set() if self._fires is None else {i for i, f in enumerate(self._fires) if f == 0}
+        return self._unreachable(outputs)
 
     def _arm(self, unused: set) -> None:
         """Expect one backward: every bucket to fill, and ``unused`` (parameters that backward
@@ -263,6 +281,8 @@ class Reducer:
         # Used since the last synchronised backward: under no_sync too, as torch counts it.
         self._used = [i in self._used_unsynced for i in range(len(self.params))]
         self._unused = unused
+        self._count = [0] * len(self.params)          # gradients each parameter got in this backward
+        self._learning = self.static and self._fires is None
 
     def _follow_conversions(self) -> None:
         """Rebuild the buckets, in their order, where parameters changed dtype or device since
@@ -351,10 +371,16 @@ class Reducer:
             raise UsageError(f"DistributedDataParallel: parameter {self.names[i]} got a {param.grad.layout} "
                              f"gradient; sparse gradients are reduced for the weights of nn.Embedding and "
                              f"nn.EmbeddingBag with sparse=True, and every other gradient must be dense")
+        self._count[i] += 1
+        if self._learning or (self._fires is not None and self._count[i] < self._fires[i]):
+            # More may come (static_graph): it goes out at the end of this backward (learning),
+            # or with its last gradient. The first one fixes its place in the rebuilt order.
+            self._used[i] = True
+            if self._learning and self._count[i] == 1 and not self.rebuilt and self.iteration == 0:
+                self._ready_order.append(i)
+            return
         if self._ready[i]:
-            raise UsageError(f"DistributedDataParallel: parameter {self.names[i]} got a gradient twice "
-                             f"in one backward (reentrant backward or a shared parameter used via "
-                             f"two autograd paths is not supported)")
+            raise UsageError(self._again(i))
         view = self._view(i)
         if not _same_storage(param.grad, view):
             if param.grad is None:
@@ -367,6 +393,23 @@ class Reducer:
             self._ready_order.append(i)
         self._used[i] = True
         self._mark_ready(i)
+
+    def _again(self, i: int) -> str:
+        """Why a gradient of parameter ``i`` came when its slot was already taken."""
+        name = self.names[i]
+        if self.static:
+            return (f"DistributedDataParallel: parameter {name} got {self._count[i]} gradients in this backward, "
+                    f"more than the {self._fires[i]} of the first synchronised one (static_graph=True promises "
+                    f"the same graph every iteration)")
+        if i in self._unused:
+            return (f"DistributedDataParallel: parameter {name} got a gradient after find_unused_parameters=True "
+                    f"found it unreachable from the forward's outputs: a reentrant torch.utils.checkpoint "
+                    f"(use_reentrant=True) hides the parameters it recomputes. Use use_reentrant=False, or "
+                    f"static_graph=True if the graph is the same every iteration")
+        return (f"DistributedDataParallel: parameter {name} got a second gradient in one backward: it is used "
+                f"inside a reentrant torch.utils.checkpoint (use_reentrant=True) and outside it, or in two such "
+                f"segments, and each adds its gradient separately. Pass static_graph=True (the first backward "
+                f"learns how many it gets) or use use_reentrant=False")
 
     def _mark_ready(self, i: int) -> None:
         self._ready[i] = True
@@ -414,6 +457,9 @@ class Reducer:
         for i in missing:
             self._keep(i)
             self._mark_ready(i)
+        if self._learning:   # every gradient waited for this end: those with none are the missing ones
+            self._fires = list(self._count)
+            missing = [i for i in missing if not self._count[i]]
         missing = [self.names[i] for i in missing] + [name for name, p in self.sparse if p.grad is None]
         if self.find_unused:
             missing = []

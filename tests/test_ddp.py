@@ -825,3 +825,108 @@ def test_a_frozen_parameter_added_after_wrapping_is_watched_like_the_others():
             model(torch.ones(1, 4))
         return True
     assert run_threads(2, body) == [True, True]
+
+
+class _Rechecked(nn.Module):
+    """``b`` runs inside a reentrant torch.utils.checkpoint and, with ``reuse``, again outside it:
+    its parameters then get one gradient from the checkpoint's own backward and one from the
+    outer backward. ``extra`` runs the checkpointed segment once more (a graph that changed)."""
+
+    def __init__(self, reuse: bool = True):
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(8, 16), nn.Linear(16, 16), nn.Linear(16, 2)
+        self.reuse, self.extra = reuse, False
+
+    def forward(self, x):
+        from torch.utils.checkpoint import checkpoint
+        h = checkpoint(lambda t: torch.tanh(self.b(t)), torch.relu(self.a(x)), use_reentrant=True)
+        if self.extra:
+            h = checkpoint(lambda t: torch.tanh(self.b(t)), h, use_reentrant=True)
+        return self.c(self.b(h) if self.reuse else h)
+
+
+def _rechecked_inputs():
+    return [torch.linspace(-1, 1, 32, dtype=torch.float64).reshape(4, 8) * (r + 1) for r in range(2)]
+
+
+@pytest.mark.parametrize("options", [{}, {"find_unused_parameters": True}, {"gradient_as_bucket_view": True}])
+def test_static_graph_reduces_parameters_that_a_reentrant_checkpoint_gives_two_gradients(options):
+    """torch's static_graph supports a parameter reused across reentrant backward passes: the
+    first backward learns how many gradients each gets and reduces them all at its end; later
+    ones reduce each parameter after its last. Three steps, each the mean of the ranks' full
+    gradients, bit-equal across ranks."""
+    from thread_util import outcomes
+    torch.manual_seed(0)
+    init = _Rechecked().double().state_dict()   # made once: threads would share torch's RNG
+    xs = _rechecked_inputs()
+
+    def body(comm):
+        net = _Rechecked().double()
+        net.load_state_dict(init)
+        model = ddp.DistributedDataParallel(net, comm, static_graph=True, **options)
+        grads = []
+        for _ in range(3):
+            net.zero_grad()
+            model(xs[comm.rank]).pow(2).sum().backward()
+            grads.append({n: p.grad.clone() for n, p in net.named_parameters()})
+        return grads
+
+    out = outcomes(2, body, timeout=20)
+    assert not any(isinstance(o, BaseException) for o in out), out
+    net = _Rechecked().double()
+    net.load_state_dict(init)
+    local = []
+    for x in xs:
+        net.zero_grad()
+        net(x).pow(2).sum().backward()
+        local.append({n: p.grad.clone() for n, p in net.named_parameters()})
+    for step in range(3):
+        for name in local[0]:
+            assert torch.equal(out[0][step][name], out[1][step][name]), (step, name)
+            assert torch.equal(out[0][step][name], (local[0][name] + local[1][name]) / 2), (step, name)
+
+
+@pytest.mark.parametrize("reuse, options, words", [
+    (True, {}, "got a second gradient in one backward"),
+    (False, {"find_unused_parameters": True}, "found it unreachable from the forward's outputs"),
+])
+def test_a_reentrant_checkpoint_without_static_graph_is_refused_naming_the_remedies(reuse, options, words):
+    """Without static_graph a second gradient of one parameter, or a gradient of one the graph
+    walk of find_unused_parameters could not see (inside a reentrant checkpoint), raises on
+    every rank, naming use_reentrant=False and static_graph=True (as torch's DDP refuses both)."""
+    from thread_util import outcomes
+    torch.manual_seed(0)
+    init = _Rechecked(reuse).double().state_dict()
+    xs = _rechecked_inputs()
+
+    def body(comm):
+        net = _Rechecked(reuse).double()
+        net.load_state_dict(init)
+        ddp.DistributedDataParallel(net, comm, **options)(xs[comm.rank]).sum().backward()
+
+    out = outcomes(2, body, timeout=20)
+    for err in out:
+        assert isinstance(err, ringcomm.UsageError), out
+        assert words in str(err) and "use_reentrant=False" in str(err) and "static_graph=True" in str(err), err
+
+
+def test_static_graph_refuses_a_backward_that_gives_more_gradients_than_the_first():
+    """A promise broken: the second step runs the checkpointed segment twice. Its parameters'
+    extra gradients raise on every rank instead of being left out of the reduction."""
+    from thread_util import outcomes
+    torch.manual_seed(0)
+    init = _Rechecked().double().state_dict()
+    xs = _rechecked_inputs()
+
+    def body(comm):
+        net = _Rechecked().double()
+        net.load_state_dict(init)
+        model = ddp.DistributedDataParallel(net, comm, static_graph=True)
+        model(xs[comm.rank]).sum().backward()
+        net.extra = True
+        model(xs[comm.rank]).sum().backward()
+
+    out = outcomes(2, body, timeout=20)
+    for err in out:
+        assert isinstance(err, ringcomm.UsageError), out
+        assert "more than the 2 of the first synchronised one" in str(err), err

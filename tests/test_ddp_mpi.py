@@ -52,11 +52,13 @@ def test_forked_children_are_refused_and_dataloader_workers_leave_the_group_inta
 
 def test_ddp_matches_torch_ddp_where_they_once_parted():
     """Against torch's DDP over gloo in one job: unused parameters (never, some steps, one rank,
-    after no_sync), buffers after no_sync, bucket_cap_mb=0, static_graph, a model converted after
+    after no_sync), buffers after no_sync, bucket_cap_mb=0, static_graph (with a parameter a
+    reentrant checkpoint gives two gradients, and one never used), a model converted after
     wrapping; a comm hook's wrong result and ranks with different models raise
     (mpi_jobs/ddp_vs_torch.py)."""
     out = run_mpi(2, "ddp_vs_torch.py").stdout
     for name in ("never_used", "used_some_steps", "used_on_one_rank", "no_sync_then_unused",
                  "no_sync_then_unused_views", "buffers_after_no_sync", "bucket_cap_0", "static_graph",
-                 "double_after_wrap", "hook_result", "different_models"):
+                 "static_graph_reentrant", "static_graph_reentrant_unused", "double_after_wrap", "hook_result",
+                 "different_models"):
         assert f"check {name} ok" in out, out

@@ -32,6 +32,15 @@ class Net(nn.Module):
         return self.b(h) + (self.c(h) if use_c else 0)
 
 
+class Rechecked(Net):
+    """``a`` again inside a reentrant checkpoint: two gradients per backward (static_graph's case)."""
+
+    def forward(self, x, use_c=False):
+        from torch.utils.checkpoint import checkpoint
+        h = checkpoint(lambda t: torch.tanh(self.a(t)), torch.tanh(self.norm(self.a(x))), use_reentrant=True)
+        return self.b(h) + (self.c(h) if use_c else 0)
+
+
 def batch(step, micro=0):
     g = torch.Generator().manual_seed(1000 * step + 10 * micro + R)
     return torch.randn(8, 4, generator=g), torch.randn(8, 2, generator=g)
@@ -55,9 +64,9 @@ def same(a, b) -> bool:
     return a is None and b is None or a is not None and b is not None and torch.allclose(a, b, rtol=0, atol=1e-12)
 
 
-def compare(name, plan, steps=4, convert=None, **kwargs):
+def compare(name, plan, steps=4, convert=None, net=Net, **kwargs):
     torch.manual_seed(7)
-    base = Net()
+    base = net()
     ours, theirs = copy.deepcopy(base), copy.deepcopy(base)
     if convert is not None:   # torch's DDP, the reference, wraps the model already converted
         convert(theirs)
@@ -97,6 +106,10 @@ compare("buffers_after_no_sync", lambda s: [(True, False), (True, True)])
 # A bucket per parameter.
 compare("bucket_cap_0", lambda s: [(True, True)], bucket_cap_mb=0)
 compare("static_graph", lambda s: [(True, True)], static_graph=True)
+# A parameter given two gradients per backward by a reentrant checkpoint, and with it one never used.
+compare("static_graph_reentrant", lambda s: [(True, True)], net=Rechecked, static_graph=True)
+compare("static_graph_reentrant_unused", lambda s: [(False, True)], net=Rechecked, static_graph=True,
+        find_unused_parameters=True)
 # Converted after wrapping: float64 gradients once went through float32 buckets.
 torch.set_default_dtype(torch.float32)
 compare("double_after_wrap", lambda s: [(True, True)], convert=lambda w: w.double())
