@@ -131,7 +131,7 @@ def sent(src, dst, n, storage):
     return ((np.arange(n) + 1000 * src + 100 * dst) % 120).astype(storage)
 
 
-def direct_case(storage, case):
+def direct_case(storage, case, late=None):
     rng = np.random.default_rng(case)
     table = rng.integers(0, 40, (size, size))   # table[i][j]: elements rank i sends rank j
     if case == 1:
@@ -148,6 +148,10 @@ def direct_case(storage, case):
     x = np.concatenate([sent(rank, j, table[rank][j], storage) for j in range(size)])
     out = np.full(table[:, rank].sum(), -1, storage)
     splits = () if even else (list(table[:, rank]), list(table[rank]))
+    if late is not None:   # everyone ready (64 MiB take a while to make), then rank ``late`` comes last
+        world.Barrier()
+        if rank == late:
+            time.sleep(0.02)
     comm.all_to_all(out, x, *splits, algorithm="direct")
     expected = np.concatenate([sent(j, rank, table[j][rank], storage) for j in range(size)])
     assert out.tobytes() == expected.tobytes(), f"direct all_to_all {storage.__name__} case {case}"
@@ -161,12 +165,16 @@ for storage in (np.float32, np.int16, np.float64):
     for case in range(7):
         direct_case(storage, case)
         checks += 1
-# A peer descheduled while rank 0 reads its 64 MiB (more ranks than cores) may find the read
-# done when it looks: case 3 again until every compiled peer has waited in round 2 once.
+# Case 3 again until every compiled peer has waited in round 2 once, each time with a peer that
+# has not yet done so coming last to round 1: the others wait for it there, and it waits in round
+# 2 while rank 0 reads its 64 MiB. Left to chance, a peer that came early (the rank making the 64 MiB comes
+# late) waited in round 1 and the Python road did the rest: 9 tries in a row once, 3 ranks on 2
+# cores. One descheduled while rank 0 reads may still find the read done when it looks.
 for _ in range(8):
-    if world.allreduce(waited_in_round_two(), op=MPI.LAND):
+    waited = world.allgather(waited_in_round_two())
+    if all(waited):
         break
-    direct_case(np.float32, 3)
+    direct_case(np.float32, 3, late=waited.index(False))
     checks += 1
 if recorder is not None:
     seen = set(recorder.statuses)
