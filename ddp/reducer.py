@@ -398,9 +398,10 @@ class Reducer:
         """Why a gradient of parameter ``i`` came when its slot was already taken."""
         name = self.names[i]
         if self.static:
-            return (f"DistributedDataParallel: parameter {name} got {self._count[i]} gradients in this backward, "
-                    f"more than the {self._fires[i]} of the first synchronised one (static_graph=True promises "
-                    f"the same graph every iteration)")
+            got = self._count[i]
+            return (f"DistributedDataParallel: parameter {name} got {got} gradient{'s' * (got != 1)} in this "
+                    f"backward where the first synchronised one gave it {self._fires[i]} (static_graph=True "
+                    f"promises the same graph every iteration)")
         if i in self._unused:
             return (f"DistributedDataParallel: parameter {name} got a gradient after find_unused_parameters=True "
                     f"found it unreachable from the forward's outputs: a reentrant torch.utils.checkpoint "

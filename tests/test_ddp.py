@@ -929,4 +929,4 @@ def test_static_graph_refuses_a_backward_that_gives_more_gradients_than_the_firs
     out = outcomes(2, body, timeout=20)
     for err in out:
         assert isinstance(err, ringcomm.UsageError), out
-        assert "more than the 2 of the first synchronised one" in str(err), err
+        assert "got 3 gradients in this backward where the first synchronised one gave it 2" in str(err), err
