@@ -281,8 +281,8 @@ class Reducer:
         # Used since the last synchronised backward: under no_sync too, as torch counts it.
         self._used = [i in self._used_unsynced for i in range(len(self.params))]
         self._unused = unused
-        self._count = [0] * len(self.params)          # gradients each parameter got in this backward
-        self._learning = self.static and self._fires is None
+        # static_graph: gradients each parameter got in this backward
+        self._count = [0] * len(self.params) if self.static else None
 
     def _follow_conversions(self) -> None:
         """Rebuild the buckets, in their order, where parameters changed dtype or device since
@@ -371,14 +371,16 @@ class Reducer:
             raise UsageError(f"DistributedDataParallel: parameter {self.names[i]} got a {param.grad.layout} "
                              f"gradient; sparse gradients are reduced for the weights of nn.Embedding and "
                              f"nn.EmbeddingBag with sparse=True, and every other gradient must be dense")
-        self._count[i] += 1
-        if self._learning or (self._fires is not None and self._count[i] < self._fires[i]):
-            # More may come (static_graph): it goes out at the end of this backward (learning),
-            # or with its last gradient. The first one fixes its place in the rebuilt order.
-            self._used[i] = True
-            if self._learning and self._count[i] == 1 and not self.rebuilt and self.iteration == 0:
-                self._ready_order.append(i)
-            return
+        if self.static:
+            self._count[i] += 1
+            learning = self._fires is None
+            if learning or self._count[i] < self._fires[i]:
+                # More may come: it goes out at the end of this backward (the first, which
+                # learns), or with its last gradient. The first fixes its place in the rebuilt order.
+                self._used[i] = True
+                if learning and self._count[i] == 1 and not self.rebuilt and self.iteration == 0:
+                    self._ready_order.append(i)
+                return
         if self._ready[i]:
             raise UsageError(self._again(i))
         view = self._view(i)
@@ -458,7 +460,7 @@ class Reducer:
         for i in missing:
             self._keep(i)
             self._mark_ready(i)
-        if self._learning:   # every gradient waited for this end: those with none are the missing ones
+        if self.static and self._fires is None:   # the first: every gradient waited for this end
             self._fires = list(self._count)
             missing = [i for i in missing if not self._count[i]]
         missing = [self.names[i] for i in missing] + [name for name, p in self.sparse if p.grad is None]

@@ -227,8 +227,7 @@ def elements(collective: str, argument: str, buf: Buffer, expected: int) -> None
 def is_block(whole: Buffer, part: Buffer, start: int) -> bool:
     """Whether ``part`` is exactly ``whole``'s elements from ``start`` on (MPI_IN_PLACE's form of
     gather and scatter at the root, of all_gather and all_to_all): that very memory, not merely
-    some of it.
-    Called after same_kind, so the dtypes agree."""
+    some of it. Called after same_kind, so the dtypes agree."""
     return part.numel > 0 and whole.device == part.device and \
         address(whole.flat[start:start + part.numel]) == address(part.flat)
 
