@@ -17,7 +17,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import pytest
 
@@ -69,8 +69,10 @@ def _ringcomm(listing: Path) -> list:
 
 def run(n: int, script, *args, out_dir: Path, size: str = "64m", env: Optional[dict] = None,
         timeout: float = 180, check: bool = True,
-        watch: Optional[Callable[[subprocess.Popen], None]] = None, poll: float = 0.2) -> Sandboxed:
-    """``mpirun -n n python script args`` inside a fresh ``size`` tmpfs at /dev/shm.
+        watch: Optional[Callable[[subprocess.Popen], None]] = None, poll: float = 0.2,
+        mpirun_args: Sequence[str] = (), wrapper: Sequence[str] = ()) -> Sandboxed:
+    """``mpirun [mpirun_args] -n n [wrapper] python script args`` inside a fresh ``size`` tmpfs
+    at /dev/shm.
 
     ``watch(proc)`` (optional) is called every ``poll`` seconds while the job runs: fault tests
     use it to end ranks they stopped. With ``check`` a non-zero exit fails the test.
@@ -82,7 +84,7 @@ def run(n: int, script, *args, out_dir: Path, size: str = "64m", env: Optional[d
     full_env = mpi_env(env)
     full_env["PYTHON_FOR_SWEEP"] = sys.executable
     cmd = ["unshare", "-m", "sh", "-c", _SCRIPT, "sh", size, str(out_dir),
-           mpirun_path(), "-n", str(n), sys.executable, str(path), *map(str, args)]
+           mpirun_path(), *mpirun_args, "-n", str(n), *wrapper, sys.executable, str(path), *map(str, args)]
     proc = subprocess.Popen(cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=JOBS.parent.parent)
     deadline = time.monotonic() + timeout

@@ -6,13 +6,15 @@ when it reaches the phase; tests/mpi_jobs/shm_faults.py runs every phase in orde
 - the phase was reached (the victim's "ringcomm fault" line, with its wall-clock time);
 - every surviving rank raised a CommError within RINGCOMM_TIMEOUT + 2 s of the fault, or mpirun
   ended the job within that time (it does so as soon as a rank dies; a stopped rank is not dead,
-  so there the survivors must report, and the test kills the stopped rank afterwards);
+  so there the survivors must report, and the test kills the stopped rank afterwards); with
+  "survive" the launcher keeps a dead rank's peers alive, and they must report too;
 - /dev/shm (a private 64 MiB tmpfs per case) holds nothing of ringcomm's afterwards: with
   segments shared by descriptor (the default) nothing at any moment; shared by name (where
   /proc/<pid>/fd is closed to peers) nothing once the next job's sweep has run.
 """
 import os
 import re
+import shutil
 import signal
 import time
 
@@ -51,8 +53,11 @@ def inject(phase, sig, tmp_path, *mode):
     watcher = Watcher(tmp_path, sig == "STOP")
     env = {"RINGCOMM_FAULT": f"{phase}:1:{sig}", "RINGCOMM_TIMEOUT": str(TIMEOUT),
            "RINGCOMM_SHM_POOL": "1M", "RINGCOMM_SHM_CMA_MIN": "16M"}
+    # survive: the launcher leaves the survivors alive (it kills every process group of a job
+    # that lost a rank otherwise, and some even with -disable-auto-cleanup, hence setsid)
+    launch = ({"mpirun_args": ["-disable-auto-cleanup"], "wrapper": ["setsid", "-w"]} if "survive" in mode else {})
     job = shm_sandbox.run(3, "shm_faults.py", tmp_path, *mode, out_dir=tmp_path, env=env, timeout=240,
-                          check=False, watch=watcher)
+                          check=False, watch=watcher, **launch)
     ended = time.time()
     fault = FAULT.findall(job.stderr)
     assert [(s, p) for _, s, p, _ in fault] == [(sig, phase)], job.stdout + job.stderr
@@ -68,7 +73,7 @@ def inject(phase, sig, tmp_path, *mode):
             assert kind.endswith("Error") and kind != "ok", (rank, kind, msg)
             assert when - at <= TIMEOUT + 2, (rank, when - at, kind, msg)
         else:   # mpirun ended the job: only when a rank died, and in time
-            assert sig != "STOP", (rank, job.stdout, job.stderr)
+            assert sig != "STOP" and "survive" not in mode, (rank, job.stdout, job.stderr)
             assert job.returncode != 0
             assert ended - at <= TIMEOUT + 2 + 1, (ended - at, job.stderr[-2000:])   # +1: the polling here
     return job
@@ -89,3 +94,13 @@ def test_segments_shared_by_name_leave_nothing_after_the_next_sweep(phase, sig, 
     assert job.after_sweep == [], job.after_sweep
     for name in job.after_job:   # what a killed job can leave: files of processes now dead
         assert re.match(r"ringcomm-\d+-[0-9a-f]+-[0-9a-f]+-\d+$", name), name
+
+
+@pytest.mark.parametrize("sig", ["KILL", "TERM"])
+@pytest.mark.parametrize("phase", PHASES)
+def test_the_survivors_of_a_killed_rank_raise_within_the_timeout(phase, sig, tmp_path):
+    """With the launcher's clean-up off, a dead rank's peers live on: each must raise, in time,
+    whatever phase the rank died in (the test above lets mpirun end the job instead)."""
+    if shutil.which("setsid") is None:
+        pytest.skip("setsid(1) is not installed")
+    inject(phase, sig, tmp_path, "survive")

@@ -1,10 +1,13 @@
 """Fault injection: the rank RINGCOMM_FAULT=phase:rank:signal names gets the signal when it
 reaches the phase; every other rank reports what it raised, and when.
 
-    RINGCOMM_FAULT=ring:1:KILL mpirun -n N python shm_faults.py OUT_DIR [names]
+    RINGCOMM_FAULT=ring:1:KILL mpirun -n N python shm_faults.py OUT_DIR [names] [survive]
 
 With "names" the node shares segments by name (segments.py), as where /proc/<pid>/fd is closed
 to peers: the mode with a window in which a killed job leaves files for the next one to sweep.
+With "survive" (the job runs under ``mpirun -disable-auto-cleanup``, so a killed rank leaves its
+peers alive) each rank ends with ``os._exit`` once it has reported: MPICH's MPI_Finalize would
+wait for the dead rank forever (docs/reliability.md, known limits).
 
 Every rank runs the same sequence, one step per phase (ringcomm/diagnostics/faults.py):
 init (setup), allocate (segment), an 8 MiB ring all-reduce through the staging pool (ring, and
@@ -30,7 +33,8 @@ out_dir = sys.argv[1]
 rank = MPI.COMM_WORLD.Get_rank()
 with open(os.path.join(out_dir, f"pid{rank}"), "w") as f:
     f.write(str(os.getpid()))
-if sys.argv[2:] == ["names"]:
+modes = set(sys.argv[2:])
+if "names" in modes:
     ShmTransport._by_fd = False
 
 
@@ -71,3 +75,7 @@ except ringcomm.CommError as err:
     outcome = f"{type(err).__name__}: {err}"
 with open(os.path.join(out_dir, f"rank{rank}.txt"), "w") as f:
     f.write(f"rank {rank} at {time.time():.3f}: {outcome}\n")
+if "survive" in modes:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
