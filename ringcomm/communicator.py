@@ -31,8 +31,8 @@ from .core.schedule import DEFAULT_SEGMENT_BYTES, DEVICE_SEGMENT_BYTES
 from .core.streams import scope_for
 from .diagnostics import preflight
 from .diagnostics.flight_recorder import FlightRecorder
-from .errors import (CommError, CommTimeoutError, CommunicatorLimitError, PeerAbortedError, RingcommError, UsageError,
-                     bad_type, bad_value)
+from .errors import (PEER_ENDED, CommError, CommTimeoutError, CommunicatorLimitError, PeerAbortedError, RingcommError,
+                     UsageError, bad_type, bad_value)
 from .persistent import _SLOW, NO_LAST, FastCalls, Persistent, PreparedP2P
 from .point_to_point import PointToPoint
 from .selection.selector import Selector
@@ -687,7 +687,7 @@ class Communicator(PointToPoint, SubCommunicators):
             self._failed_call = call
         if isinstance(err, CommTimeoutError):
             self.recorder.dump(str(err))
-        if first and not isinstance(err, PeerAbortedError):
+        if first and _tells_peers(err):
             text = np.frombuffer(str(err).encode()[:4000], np.uint8).copy()
             for peer in range(self.size):
                 if peer != self.rank:
@@ -698,3 +698,13 @@ class Communicator(PointToPoint, SubCommunicators):
         window = self.transport.window
         if first and window is not None:   # after the notices: a peer that sees the poison finds why
             window.poison()
+
+
+def _tells_peers(err: CommError) -> bool:
+    """Whether a failure is news to the other ranks: not when a peer's own notice or abort
+    brought it (that peer told everyone), but when this rank found a peer's process ended, which
+    only the peers of its node can see (transport/shm) and nobody announced."""
+    if not isinstance(err, PeerAbortedError):
+        return True
+    text = str(err)
+    return PEER_ENDED in text and " gave up: " not in text

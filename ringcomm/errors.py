@@ -37,6 +37,16 @@ class PeerAbortedError(CommError):
     """Another rank failed or aborted the job; this rank was released instead of hanging."""
 
 
+# In a PeerAbortedError's reason: the peer's process ended (killed, or gone without closing), which
+# a transport saw for itself (transport/shm). Nobody else was told, so the rank that saw it tells
+# the others (Communicator._fail), as a rank that gives up does.
+PEER_ENDED = "is no longer running"
+
+
+def peer_ended(rank: int, pid: int) -> str:
+    return f"rank {rank} (pid {pid}) {PEER_ENDED}: it was killed, or ended without closing its communicator"
+
+
 class CommunicatorLimitError(CommError):
     """MPI would make no more communicators (split, dup): every member got the same refusal, so
     the communicator that was split stays usable; close sub-communicators to free some."""

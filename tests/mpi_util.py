@@ -28,8 +28,9 @@ def mpi_env(env: dict | None = None) -> dict:
 
 
 def run_mpi(n: int, script, *args, env: dict | None = None, timeout: float = 180,
-            check: bool = True) -> subprocess.CompletedProcess:
-    """Run ``mpirun -n n python script args`` and return the finished process.
+            check: bool = True, mpirun_args=(), wrapper=()) -> subprocess.CompletedProcess:
+    """Run ``mpirun [mpirun_args] -n n [wrapper] python script args`` and return the finished
+    process.
 
     ``script`` is a path or a file name under tests/mpi_jobs. With ``check`` a non-zero exit
     fails the test and shows both streams.
@@ -38,7 +39,7 @@ def run_mpi(n: int, script, *args, env: dict | None = None, timeout: float = 180
     if not path.is_absolute():
         path = JOBS / path
     full_env = mpi_env(env)
-    cmd = [mpirun_path(), "-n", str(n), sys.executable, str(path), *map(str, args)]
+    cmd = [mpirun_path(), *mpirun_args, "-n", str(n), *wrapper, sys.executable, str(path), *map(str, args)]
     try:
         proc = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     except subprocess.TimeoutExpired as exc:

@@ -16,7 +16,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from ...core.envelope import CLOSE_CODE
-from ...errors import CommError, CommTimeoutError
+from ...errors import CommError, CommTimeoutError, PeerAbortedError
 from ..polling import wait_polling
 
 KINDS = ("setup", "created", "mapped", "allocate", "allocate mapped", "device segment",
@@ -47,7 +47,13 @@ class Node:
         mine = np.array([KINDS.index(kind), self.count, *row], np.int64)
         every = np.zeros((self.n, mine.size), np.int64)
         req = self.comm.Iallgather(mine, every)
-        if not wait_polling(req.Test, self.timeout, self._aborted):
+        try:
+            done = wait_polling(req.Test, self.timeout, self._aborted)
+        except PeerAbortedError as err:   # a peer gave up or ended: this handshake never completes
+            self.broken = PeerAbortedError(f"shm transport on rank {self.rank}: handshake #{self.count} ({kind}) "
+                                           f"with the ranks of this node {self.ranks}: {err}")
+            raise self.broken from None
+        if not done:
             self.broken = CommTimeoutError(
                 f"shm transport on rank {self.rank}: timed out after {self.timeout:g} s in handshake "
                 f"#{self.count} ({kind}) waiting for the ranks of this node {self.ranks}"

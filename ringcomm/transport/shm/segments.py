@@ -146,6 +146,48 @@ def owner_alive(pid: int) -> bool:
     return True
 
 
+def _stat(pid: int) -> Optional[list]:
+    """/proc/<pid>/stat's fields from the state on (the third), or None where /proc does not say."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return stat[stat.rfind(b")") + 2:].split()   # after the command name, which may hold anything
+
+
+def proc_is_ours() -> bool:
+    """Whether /proc shows this process's own pid namespace (it does not after ``unshare -p``
+    without a new /proc): only then does /proc/<pid> describe the process a peer's pid names."""
+    try:
+        return os.readlink("/proc/self") == str(os.getpid())
+    except OSError:
+        return False
+
+
+def process_start(pid: int) -> Optional[int]:
+    """When process ``pid`` started (clock ticks after boot: /proc/<pid>/stat's 22nd field), or
+    None where /proc does not say. With the pid it names one process for good: a pid is reused,
+    the pair never is."""
+    fields = _stat(pid)
+    try:
+        return None if fields is None else int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def process_ended(pid: int, start: int) -> bool:
+    """Whether the process that was ``pid`` when it started at ``start`` (``process_start``) has
+    ended: no such pid, a zombie (dead, not yet reaped), or another process under the same pid.
+    False where /proc cannot tell."""
+    if not owner_alive(pid):
+        return True
+    fields = _stat(pid)
+    if not fields or len(fields) < 20:
+        return False
+    return fields[0] in (b"Z", b"X") or fields[19] != str(start).encode()
+
+
 def stale(namespace: Optional[int] = None) -> list:
     """Paths of this user's ringcomm files in /dev/shm whose owner is dead (this namespace)."""
     namespace = pid_namespace() if namespace is None else namespace

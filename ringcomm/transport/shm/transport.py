@@ -22,6 +22,7 @@ import logging
 import os
 import secrets
 import threading
+import time
 from collections import defaultdict, deque
 from typing import Optional
 
@@ -30,7 +31,7 @@ import numpy as np
 from ... import env
 from ...core import copying
 from ...diagnostics import faults
-from ...errors import CommError, PeerAbortedError, UsageError
+from ...errors import CommError, PeerAbortedError, UsageError, peer_ended
 from ..base import Transport, WindowSlot
 from ..mpi import Ledger
 from ..polling import spin_for
@@ -50,6 +51,9 @@ HEADER_BYTES = 64
 WINDOW_SLOTS = 8          # one-shot window regions per rank (slot 0: ``transport.window``)
 _BY_NAME = object()       # _create_once: peers could not open segments by descriptor
 PAGE = 4096
+# How often a stalled wait asks whether a peer's process still runs (aborted_reason): a dead
+# peer fails its waiters within this, not at their timeout; reading /proc costs ~10 us a time.
+LIFE_CHECK_EVERY = 0.25
 # Arrays of sends that peers read by CMA and had not acknowledged when their transport closed: a
 # peer may still receive one (its descriptor is out), so it must not be freed and reused while
 # this process lives. Only a send left unmatched at close() lands here.
@@ -137,10 +141,11 @@ class ShmTransport(Messages, Transport):
         # and again once forgotten): a failed CMA probe during set-up asks aborted_reason.
         self.header: Optional[np.ndarray] = None
         self.peer_header: list = []
+        self._ended: list = []   # per peer, once set-up knows them: why its process ended (aborted_reason)
         self._fault = faults.armed(world_rank)
         self._sent = 0                                 # non-empty sends, for the ring fault
         self._said: set = set()                        # info messages already logged
-        self.node = Node(node_comm, self.ranks, world_rank, setup_timeout, lambda: self._aborted)
+        self.node = Node(node_comm, self.ranks, world_rank, setup_timeout, self._node_gone)
         self._next_seg = 0
         self._data: dict = {}                          # seg_id -> Segment: sends from it are read in place
         self._peers: dict = {}                         # (node rank, seg_id) -> that rank's mapping
@@ -169,6 +174,14 @@ class ShmTransport(Messages, Transport):
                                              -1 if free is None else free])
         self._names = [tuple(int(v) for v in row[:3]) for row in hello]
         self._pids = [int(row[0]) for row in hello]
+        # Peers in this pid namespace, as /proc shows it, can be watched for their death
+        # (aborted_reason): each as the pair (pid, start time), which a reused pid does not fake.
+        # None: not watched.
+        watch = self.namespace != 0 and segments.proc_is_ours()
+        self._starts = [segments.process_start(pid) if watch and ns == self.namespace and i != self.me else None
+                        for i, (pid, ns, _) in enumerate(self._names)]
+        self._life_checked = [0.0] * self.n
+        self._ended = [None] * self.n
         known = [int(row[3]) for row in hello if row[3] >= 0]
         layout = self.layout = Layout(self.n)
         wanted, share = self._choose_share(min(known) if known else None, layout)
@@ -515,7 +528,36 @@ class ShmTransport(Messages, Transport):
                 return f"rank {self.ranks[peer]} aborted its {self.name} transport"
             if header[CLOSED]:   # it will post nothing more: waiting out the timeout tells nobody more
                 return f"rank {self.ranks[peer]} has closed its communicator (close())"
+        if peer is not None and peer < len(self._ended):
+            return self._peer_ended(peer)
         return None
+
+    def _node_gone(self) -> Optional[str]:
+        """Why a handshake of this node's ranks cannot complete: this transport aborted, or a
+        peer's process ended (``_ended_now``; known once set-up has exchanged the pids)."""
+        why = self._aborted   # once: CUDA IPC's reads a peer's abort notice during set-up
+        if why is not None:
+            return why
+        ended = [why for why in map(self._peer_ended, range(len(self._ended))) if why]
+        return "; ".join(ended) if ended else None
+
+    def _peer_ended(self, peer: int) -> Optional[str]:
+        return self._ended[peer] or self._ended_now(peer)
+
+    def _ended_now(self, peer: int) -> Optional[str]:
+        """Why ``peer``'s process will post nothing more, if it has ended (killed, or gone
+        without closing): asked at most every LIFE_CHECK_EVERY seconds. A dead peer otherwise left
+        its waiters to their timeout, which says nothing of the death (a send then blamed a recv
+        the program had not posted)."""
+        start, now = self._starts[peer], time.monotonic()
+        if start is None or now < self._life_checked[peer]:
+            return None
+        self._life_checked[peer] = now + LIFE_CHECK_EVERY
+        pid = self._pids[peer]
+        if not segments.process_ended(pid, start):
+            return None
+        self._ended[peer] = peer_ended(self.ranks[peer], pid)
+        return self._ended[peer]
 
     def abort(self, reason: BaseException) -> None:
         self._aborted = f"aborted: {reason}"
