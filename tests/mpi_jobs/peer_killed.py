@@ -1,11 +1,12 @@
 """A rank killed mid-job whose peers live on (mpirun -disable-auto-cleanup): rank 1 SIGKILLs
 itself in the middle of a loop of sends and receives around the ring, or of all-reduces; every
-other rank prints what it raised and how long after the death, then ends with os._exit (MPICH's
-MPI_Finalize would wait for the dead rank forever: docs/reliability.md).
+other rank writes what it raised, and when, to OUT_DIR/rank<R>.txt, then ends with os._exit
+(MPICH's MPI_Finalize would wait for the dead rank forever: docs/reliability.md). Files, not
+stdout: the launcher forwards the ranks' lines in pieces, and two of them once shared a line.
 
-    mpirun -disable-auto-cleanup -n N setsid -w python peer_killed.py p2p|all_reduce COUNT
+    mpirun -disable-auto-cleanup -n N setsid -w python peer_killed.py p2p|all_reduce COUNT OUT_DIR
 
-Rank 1 prints the moment it dies (wall clock) to stderr first.
+Rank 1 writes the moment it dies (wall clock) to OUT_DIR/died.txt first.
 """
 import os
 import signal
@@ -16,7 +17,7 @@ import numpy as np
 
 import ringcomm
 
-mode, count = sys.argv[1], int(sys.argv[2])
+mode, count, out_dir = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 comm = ringcomm.init()
 r, n = comm.rank, comm.size
 x, y = np.ones(count, np.float32), np.empty(count, np.float32)
@@ -34,8 +35,10 @@ try:
             x[:] = 1
         i += 1
         if r == 1 and time.time() - start > 0.5:
-            print(f"rank 1 dies at {time.time():.3f}", file=sys.stderr, flush=True)
+            with open(os.path.join(out_dir, "died.txt"), "w") as f:
+                f.write(f"{time.time():.3f}\n")
             os.kill(os.getpid(), signal.SIGKILL)
 except ringcomm.CommError as err:
-    print(f"rank {r} at {time.time():.3f}: {type(err).__name__}: {err}", flush=True)
+    with open(os.path.join(out_dir, f"rank{r}.txt"), "w") as f:
+        f.write(f"rank {r} at {time.time():.3f}: {type(err).__name__}: {err}\n")
 os._exit(0)
