@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,16 @@ JOBS = Path(__file__).resolve().parent / "mpi_jobs"
 def mpirun_path() -> str:
     candidate = Path(sys.executable).parent / "mpirun"
     return str(candidate) if candidate.exists() else "mpirun"
+
+
+def survivors_kept(*wrapper: str) -> dict:
+    """``run_mpi``'s (and shm_sandbox.run's) launch that keeps a dead rank's peers alive: the
+    launcher's clean-up off, each rank in a session of its own (MPICH's launcher killed some
+    survivors' process groups even with the clean-up off), then ``wrapper``. Skips where
+    setsid(1) is missing."""
+    if shutil.which("setsid") is None:
+        pytest.skip("setsid(1) is not installed")
+    return {"mpirun_args": ["-disable-auto-cleanup"], "wrapper": ["setsid", "-w", *wrapper]}
 
 
 def mpi_env(env: dict | None = None) -> dict:

@@ -1,12 +1,11 @@
 """Fault injection under real mpirun: what every rank raised, and how fast."""
 import re
-import shutil
 import time
 from pathlib import Path
 
 import pytest
 
-from mpi_util import run_mpi
+from mpi_util import run_mpi, survivors_kept
 
 pytestmark = pytest.mark.mpi
 LINE = re.compile(r"^rank (\d+) after ([\d.]+)s: (\w+)(?::(.*))?$", re.M)
@@ -95,12 +94,10 @@ def test_the_peers_of_a_killed_rank_raise_within_a_second_naming_its_death(mode,
     collective, those on other nodes hear it from them (Communicator._fail; a send or receive
     there waits out its timeout: docs/reliability.md). Before round fifty-two every survivor
     waited out its timeout, and a send then blamed a recv the program had not posted."""
-    if shutil.which("setsid") is None:
-        pytest.skip("setsid(1) is not installed")
     n = 2 * nodes if nodes > 1 else 3
+    node_id = f'RINGCOMM_NODE_ID=n$((PMI_RANK * {nodes} / {n})) exec "$0" "$@"'
     job = run_mpi(n, "peer_killed.py", mode, count, tmp_path, env={"RINGCOMM_TIMEOUT": "60"}, check=False,
-                  timeout=120, mpirun_args=["-disable-auto-cleanup"],
-                  wrapper=["setsid", "-w", "sh", "-c", f'RINGCOMM_NODE_ID=n$((PMI_RANK * {nodes} / {n})) exec "$0" "$@"'])
+                  timeout=120, **survivors_kept("sh", "-c", node_id))
     died = float((tmp_path / "died.txt").read_text())
     reports = {int(m[0]): (float(m[1]), m[2], m[3])
                for path in tmp_path.glob("rank*.txt")

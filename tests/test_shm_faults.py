@@ -14,13 +14,13 @@ when it reaches the phase; tests/mpi_jobs/shm_faults.py runs every phase in orde
 """
 import os
 import re
-import shutil
 import signal
 import time
 
 import pytest
 
 import shm_sandbox
+from mpi_util import survivors_kept
 from ringcomm.diagnostics.faults import PHASES
 from test_shm_transport import cma_denied
 
@@ -57,9 +57,7 @@ def inject(phase, sig, tmp_path, *mode, timeout=TIMEOUT, within=TIMEOUT + 2):
     watcher = Watcher(tmp_path, sig == "STOP")
     env = {"RINGCOMM_FAULT": f"{phase}:1:{sig}", "RINGCOMM_TIMEOUT": str(timeout),
            "RINGCOMM_SHM_POOL": "1M", "RINGCOMM_SHM_CMA_MIN": "16M"}
-    # survive: the launcher leaves the survivors alive (it kills every process group of a job
-    # that lost a rank otherwise, and some even with -disable-auto-cleanup, hence setsid)
-    launch = ({"mpirun_args": ["-disable-auto-cleanup"], "wrapper": ["setsid", "-w"]} if "survive" in mode else {})
+    launch = survivors_kept() if "survive" in mode else {}   # the launcher leaves the survivors alive
     job = shm_sandbox.run(3, "shm_faults.py", tmp_path, *mode, out_dir=tmp_path, env=env, timeout=240,
                           check=False, watch=watcher, **launch)
     ended = time.time()
@@ -105,8 +103,6 @@ def test_segments_shared_by_name_leave_nothing_after_the_next_sweep(phase, sig, 
 def test_the_survivors_of_a_killed_rank_raise_within_the_timeout(phase, sig, tmp_path):
     """With the launcher's clean-up off, a dead rank's peers live on: each must raise, in time,
     whatever phase the rank died in (the test above lets mpirun end the job instead)."""
-    if shutil.which("setsid") is None:
-        pytest.skip("setsid(1) is not installed")
     inject(phase, sig, tmp_path, "survive")
 
 
@@ -116,8 +112,6 @@ def test_the_survivors_of_a_killed_rank_raise_long_before_the_timeout_naming_its
     peer's process still runs (transport/shm): the survivors raise within a second or two, not
     at a 60 s timeout, and say that the rank is no longer running (or that a read of its memory
     found it gone)."""
-    if shutil.which("setsid") is None:
-        pytest.skip("setsid(1) is not installed")
     _, reports = inject(phase, "KILL", tmp_path, "survive", timeout=60, within=3)
     for rank in (0, 2):
         when, kind, msg = reports[rank]
