@@ -1,4 +1,8 @@
 """The shm transport's pieces without MPI: the staging pool's policy, fault specs, the docs."""
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -135,3 +139,24 @@ def test_a_wait_whose_peer_left_right_after_posting_returns_what_it_posted():
     assert wait_polling(lambda: bool(posted), 5, left, spin=0)
     with pytest.raises(PeerAbortedError, match="has closed"):
         wait_polling(lambda: False, 5, left, spin=0)
+
+
+def test_a_process_is_ended_once_gone_a_zombie_or_its_pid_reused_and_never_while_it_runs():
+    """What the shm transport's watch of its peers (aborted_reason) rests on: no false death, and
+    a dead peer seen as dead whether reaped or not."""
+    from ringcomm.transport.shm import segments
+    assert segments.proc_is_ours()
+    me = os.getpid()
+    start = segments.process_start(me)
+    assert start is not None and not segments.process_ended(me, start)
+    assert segments.process_ended(me, start + 1)   # the same pid, started at another time: reused
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.3)"])
+    born = segments.process_start(child.pid)
+    assert born is not None and not segments.process_ended(child.pid, born)
+    deadline = time.monotonic() + 10
+    while not segments.process_ended(child.pid, born):   # exited, not yet reaped: a zombie
+        assert time.monotonic() < deadline, "a child that exited never looked ended"
+        time.sleep(0.05)
+    assert segments.owner_alive(child.pid)   # its pid is still there: ended as a zombie
+    assert child.poll() == 0   # reaps it
+    assert segments.process_ended(child.pid, born)
