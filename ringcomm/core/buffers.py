@@ -165,8 +165,7 @@ def _cuda_flat(x, name: str, collective: str, argument: str):
 def _cupy_buffer(x, collective: str, argument: str) -> Buffer:
     dtype = _NUMPY_DTYPES.get(x.dtype)
     if dtype is None or x.dtype.byteorder == ">":
-        raise bad_type(collective, argument, f"an array of dtype {_SUPPORTED.replace('bfloat16, ', '')}",
-                       f"dtype {x.dtype}")
+        raise _unsupported_dtype(x, collective, argument)
     if not x.flags.c_contiguous:
         raise bad_value(collective, argument, "a C-contiguous array (use cupy.ascontiguousarray)",
                         f"a non-contiguous array with strides {x.strides}")
@@ -190,11 +189,20 @@ def address(a) -> int:
 _NUMPY_DTYPES = {d.storage: d for name, d in DTYPES.items() if name != "bfloat16"}
 
 
+def _unsupported_dtype(x, collective: str, argument: str):
+    """A numpy or cupy array's dtype that no collective takes. A big-endian float32 is named as
+    such: "expected float32, got >f4" read like a contradiction."""
+    expected = f"an array of dtype {_SUPPORTED.replace('bfloat16, ', '')}"
+    if x.dtype.byteorder == ">" and x.dtype.newbyteorder("=") in _NUMPY_DTYPES:
+        return bad_type(collective, argument, f"{expected}, in this machine's byte order (convert with "
+                        f"x.astype(x.dtype.newbyteorder('=')))", f"big-endian dtype {x.dtype}")
+    return bad_type(collective, argument, expected, f"dtype {x.dtype}")
+
+
 def _numpy_buffer(x: np.ndarray, collective: str, argument: str, read_only: bool = False) -> Buffer:
     dtype = _NUMPY_DTYPES.get(x.dtype)
     if dtype is None or x.dtype.byteorder == ">":
-        raise bad_type(collective, argument, f"an array of dtype {_SUPPORTED.replace('bfloat16, ', '')}",
-                       f"dtype {x.dtype}")
+        raise _unsupported_dtype(x, collective, argument)
     flags = x.flags   # a new flags object per access: fetch it once
     if not flags.c_contiguous:
         raise bad_value(collective, argument, "a C-contiguous array (use np.ascontiguousarray)",
