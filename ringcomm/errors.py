@@ -3,6 +3,9 @@
 Misuse errors subclass ValueError/TypeError so that callers who already catch those keep working;
 communication errors all derive from CommError so that a training loop can catch one type.
 """
+from __future__ import annotations
+
+from typing import Optional
 
 
 class RingcommError(Exception):
@@ -43,8 +46,12 @@ class PeerAbortedError(CommError):
 PEER_ENDED = "is no longer running"
 
 
-def peer_ended(rank: int, pid: int) -> str:
-    return f"rank {rank} (pid {pid}) {PEER_ENDED}: it was killed, or ended without closing its communicator"
+def peer_ended(rank: int, pid: int, job_rank: Optional[int] = None) -> str:
+    """``rank``: the peer's rank in the communicator that waited for it; ``job_rank``: its rank in
+    the job where that differs (a sub-communicator), which the message names beside it."""
+    who = (f"rank {rank} (pid {pid})" if job_rank in (None, rank) else
+           f"rank {rank} of this communicator (rank {job_rank} of the job, pid {pid})")
+    return f"{who} {PEER_ENDED}: it was killed, or ended without closing its communicator"
 
 
 class CommunicatorLimitError(CommError):

@@ -206,8 +206,11 @@ class _Posted:
         notice = transport.probe(peer, ABORT_TAG)
         if notice is not None:
             raise PeerAbortedError(f"{self.work.description}: {transport.read_notice(notice)}")
-        window = transport.window   # a peer that closed this communicator: executor._Watch.diagnose
-        gone = None if window is None or peer is None else window.gone(peer)
+        # A peer that closed this communicator (executor._Watch.diagnose), or one whose process
+        # ended: where no window spans the communicator (it reaches other nodes), the transport
+        # of the peer's route tells, if it can see the peer (shm: a rank of this node).
+        window = transport.window
+        gone = None if peer is None else window.gone(peer) if window is not None else transport.peer_gone(peer)
         if gone is not None and not self.moved():
             raise PeerAbortedError(f"{self.work.description}: {gone}")
         if not self.sending and peer is not None:

@@ -110,6 +110,40 @@ def test_the_peers_of_a_killed_rank_raise_within_a_second_naming_its_death(mode,
         assert when - died < 2.0, (rank, when - died, msg)
 
 
+@pytest.mark.parametrize("mode,count", [("pairs", 100), ("pairs", 1 << 18), ("split", 100), ("split", 1 << 18)])
+def test_a_killed_ranks_partner_raises_within_a_second_off_the_window_and_names_it_as_its_communicator_does(
+        mode, count, tmp_path):
+    """pairs: 4 ranks on 2 pretend nodes, each exchanging with its partner r ^ 1 alone. No window
+    spans a communicator that reaches another node, and a send or receive watched its peer's
+    process only through one, so rank 0 waited out the 60 s timeout for rank 1 of its own node;
+    now it asks the route's transport (Transport.peer_gone). split: 4 ranks on one node, where
+    rank 1 is rank 0 of the odd ranks' sub-communicator; its partner said "rank 1 (pid N)", a
+    rank its communicator of two does not have. Ranks 2 and 3 (pairs) or 0 and 2 (split) never
+    meet rank 1 and stop on their own."""
+    nodes = 2 if mode == "pairs" else 1
+    node_id = f'RINGCOMM_NODE_ID=n$((PMI_RANK * {nodes} / 4)) exec "$0" "$@"'
+    job = run_mpi(4, "peer_killed.py", mode, count, tmp_path, env={"RINGCOMM_TIMEOUT": "60"}, check=False,
+                  timeout=120, **survivors_kept("sh", "-c", node_id))
+    died = float((tmp_path / "died.txt").read_text())
+    reports = {int(m[0]): (float(m[1]), m[2])
+               for path in tmp_path.glob("rank*.txt")
+               for m in re.findall(r"^rank (\d+) at ([\d.]+): (.*)$", path.read_text(), re.M)}
+    partner = 0 if mode == "pairs" else 3
+    assert sorted(reports) == [0, 2, 3], job.stdout + job.stderr
+    for rank, (when, what) in reports.items():
+        if rank != partner:
+            assert what == "untouched", (rank, what)
+    when, what = reports[partner]
+    if mode == "pairs":
+        named = r"rank 1 \(pid \d+\) is no longer running"
+    else:
+        named = r"rank 0 of this communicator \(rank 1 of the job, pid \d+\) is no longer running"
+    if count > 1000:   # or a CMA read of the dead rank's memory saw it first, in the job's numbering
+        named += r"|of rank 1 \(pid \d+\): ESRCH \(the process is gone\)"
+    assert re.match(r"(PeerAbortedError|CommError): ", what) and re.search(named, what), what
+    assert when - died < 2.0, (when - died, what)
+
+
 def test_mpi_transport_refuses_a_message_of_the_wrong_length():
     out = run_mpi(2, "mpi_lengths.py").stdout
     assert "8->16: MismatchError: rank 1: the message from rank 0 has 8 bytes, the receive expected 16" in out

@@ -155,6 +155,14 @@ class Transport(ABC):
         """
         return None
 
+    def peer_gone(self, peer: int, as_rank: Optional[int] = None) -> Optional[str]:
+        """Why ``peer`` will post nothing more, as far as this transport can see (its process
+        ended, it closed or aborted its transport), or None. ``as_rank``: what the asking
+        communicator calls it, where that differs (a sub-communicator's view). A transport that
+        cannot see its peers (MPI, another node) says None: such a stall ends at the deadline, or
+        at a notice of a rank that gave up."""
+        return None
+
     def split(self, members: Optional[list], color, key: int, context: int, slot: Optional[int] = None):
         """The transport of a sub-communicator (``comm.split``): ``members`` are this transport's
         ranks in the new order (None: this rank is in none; still called, since some transports

@@ -105,6 +105,10 @@ class RoutedTransport(Transport):
                 return found
         return None
 
+    def peer_gone(self, peer, as_rank=None):
+        route = self.routes.get(peer)
+        return None if route is None else route.peer_gone(peer, as_rank)
+
     @contextlib.contextmanager
     def stage(self, arrays):
         if arrays and is_device_array(arrays[0]) and self.routes:

@@ -70,6 +70,9 @@ class TransportView(Transport):
         src, t, nbytes = found
         return self._index[src], t & ((1 << CONTEXT_SHIFT) - 1), nbytes
 
+    def peer_gone(self, peer, as_rank=None):
+        return self._aborted or self.base.peer_gone(self.members[peer], peer)   # named as this view numbers it
+
     def reserve_window_slots(self) -> int:
         reserve = getattr(self.base, "reserve_window_slots", None)
         return 0 if reserve is None else reserve()

@@ -4,9 +4,13 @@ other rank writes what it raised, and when, to OUT_DIR/rank<R>.txt, then ends wi
 (MPICH's MPI_Finalize would wait for the dead rank forever: docs/reliability.md). Files, not
 stdout: the launcher forwards the ranks' lines in pieces, and two of them once shared a line.
 
-    mpirun -disable-auto-cleanup -n N setsid -w python peer_killed.py p2p|all_reduce COUNT OUT_DIR
+    mpirun -disable-auto-cleanup -n N setsid -w python peer_killed.py MODE COUNT OUT_DIR
 
-Rank 1 writes the moment it dies (wall clock) to OUT_DIR/died.txt first.
+MODE: p2p (around the ring), all_reduce, pairs (4 ranks: each sends to and receives from its
+partner r ^ 1 alone), split (4 ranks: the odd and the even ranks each all-reduce and exchange on
+a sub-communicator of their own, where rank 1 is rank 0). In pairs and split, the ranks that
+never meet rank 1 (2 and 3; 0 and 2) stop after 3 s and write "untouched". Rank 1 writes the
+moment it dies (wall clock) to OUT_DIR/died.txt first.
 """
 import os
 import signal
@@ -21,24 +25,45 @@ mode, count, out_dir = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 comm = ringcomm.init()
 r, n = comm.rank, comm.size
 x, y = np.ones(count, np.float32), np.empty(count, np.float32)
+sub = comm.split(r % 2) if mode == "split" else comm
+apart = (mode == "pairs" and r // 2 != 0) or (mode == "split" and r % 2 == 0)
+
+
+def exchange(c, right, left):
+    sent = c.send(x, right, async_op=True)
+    c.recv(y, left)
+    sent.wait()
+
+
+def report(line):
+    with open(os.path.join(out_dir, f"rank{r}.txt"), "w") as f:
+        f.write(f"rank {r} at {time.time():.3f}: {line}\n")
+
+
 comm.barrier()
 start = time.time()
-i = 0
 try:
     while True:
+        # Ranks apart stop together, at the first call where either says it is time (2.0): one
+        # that stopped alone would leave its partner waiting for a process that ended.
+        x[0] = 2.0 if apart and time.time() - start > 3.0 else 1.0
         if mode == "p2p":
-            sent = comm.send(x, (r + 1) % n, async_op=True)
-            comm.recv(y, (r - 1) % n)
-            sent.wait()
+            exchange(comm, (r + 1) % n, (r - 1) % n)
+        elif mode == "pairs":
+            exchange(comm, r ^ 1, r ^ 1)
         else:
-            comm.all_reduce(x)
+            sub.all_reduce(x)
+            stop = x[0] > sub.size
             x[:] = 1
-        i += 1
+            if mode == "split":
+                exchange(sub, (sub.rank + 1) % sub.size, (sub.rank - 1) % sub.size)
+        if apart and (x[0] == 2.0 or y[0] == 2.0 if mode == "pairs" else stop):
+            report("untouched")
+            break
         if r == 1 and time.time() - start > 0.5:
             with open(os.path.join(out_dir, "died.txt"), "w") as f:
                 f.write(f"{time.time():.3f}\n")
             os.kill(os.getpid(), signal.SIGKILL)
 except ringcomm.CommError as err:
-    with open(os.path.join(out_dir, f"rank{r}.txt"), "w") as f:
-        f.write(f"rank {r} at {time.time():.3f}: {type(err).__name__}: {err}\n")
+    report(f"{type(err).__name__}: {err}")
 os._exit(0)

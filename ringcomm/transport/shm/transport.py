@@ -519,18 +519,31 @@ class ShmTransport(Messages, Transport):
         if self._closed:
             raise CommError(f"shm transport on rank {self.rank} is closed")
 
-    def aborted_reason(self, peer: Optional[int] = None) -> Optional[str]:
+    def aborted_reason(self, peer: Optional[int] = None, as_rank: Optional[int] = None) -> Optional[str]:
+        """Why waits on node rank ``peer`` (None: on no one peer) must stop, or None. ``as_rank``:
+        the peer's rank in the communicator that waits (a sub-communicator's window), which the
+        reason names beside its rank in the job: "rank 3" alone, said to a communicator of two,
+        named no member of it."""
         if self._aborted is not None:
             return self._aborted
-        if peer is not None and peer < len(self.peer_header):
+        if peer is None or peer >= len(self.ranks):
+            return None
+        job_rank = self.ranks[peer]
+        who = f"rank {job_rank}" if as_rank in (None, job_rank) else \
+            f"rank {as_rank} of this communicator (rank {job_rank} of the job)"
+        if peer < len(self.peer_header):
             header = self.peer_header[peer]
             if header[ABORT]:
-                return f"rank {self.ranks[peer]} aborted its {self.name} transport"
+                return f"{who} aborted its {self.name} transport"
             if header[CLOSED]:   # it will post nothing more: waiting out the timeout tells nobody more
-                return f"rank {self.ranks[peer]} has closed its communicator (close())"
-        if peer is not None and peer < len(self._ended):
-            return self._peer_ended(peer)
+                return f"{who} has closed its communicator (close())"
+        if peer < len(self._ended) and self._peer_ended(peer):
+            return peer_ended(job_rank if as_rank is None else as_rank, self._pids[peer], job_rank)
         return None
+
+    def peer_gone(self, peer: int, as_rank: Optional[int] = None) -> Optional[str]:
+        p = self.local.get(peer)
+        return None if p is None or p == self.me else self.aborted_reason(p, as_rank)
 
     def _node_gone(self) -> Optional[str]:
         """Why a handshake of this node's ranks cannot complete: this transport aborted, or a
@@ -680,7 +693,7 @@ class ShmTransport(Messages, Transport):
             self._slot_last[slot.index] = (context, [r for r in node_ranks if r != self.me])
             set_window_owner(regions[self.me], context)
         mine = [regions[r] for r in node_ranks]
-        aborted = watching_closes(mine, context, members, lambda peer: self.aborted_reason(node_ranks[peer]))
+        aborted = watching_closes(mine, context, members, lambda peer: self.aborted_reason(node_ranks[peer], peer))
         return Window(members.index(self.rank), mine, aborted=aborted, spin=spin_for(self.n), start=slot.start,
                       **self._window_access(node_ranks))
 
