@@ -110,7 +110,8 @@ def test_the_peers_of_a_killed_rank_raise_within_a_second_naming_its_death(mode,
         assert when - died < 2.0, (rank, when - died, msg)
 
 
-@pytest.mark.parametrize("mode,count", [("pairs", 100), ("pairs", 1 << 18), ("split", 100), ("split", 1 << 18)])
+@pytest.mark.parametrize("mode,count", [("pairs", 100), ("pairs", 1 << 18), ("split", 100), ("split", 1 << 18),
+                                        ("split_ring", 100), ("split_ring", 1 << 18)])
 def test_a_killed_ranks_partner_raises_within_a_second_off_the_window_and_names_it_as_its_communicator_does(
         mode, count, tmp_path):
     """pairs: 4 ranks on 2 pretend nodes, each exchanging with its partner r ^ 1 alone. No window
@@ -118,8 +119,9 @@ def test_a_killed_ranks_partner_raises_within_a_second_off_the_window_and_names_
     process only through one, so rank 0 waited out the 60 s timeout for rank 1 of its own node;
     now it asks the route's transport (Transport.peer_gone). split: 4 ranks on one node, where
     rank 1 is rank 0 of the odd ranks' sub-communicator; its partner said "rank 1 (pid N)", a
-    rank its communicator of two does not have. Ranks 2 and 3 (pairs) or 0 and 2 (split) never
-    meet rank 1 and stop on their own."""
+    rank its communicator of two does not have, from the window's waits and (split_ring, an
+    all-reduce forced to the ring) from the transport's. Ranks 2 and 3 (pairs) or 0 and 2
+    (split) never meet rank 1 and stop on their own."""
     nodes = 2 if mode == "pairs" else 1
     node_id = f'RINGCOMM_NODE_ID=n$((PMI_RANK * {nodes} / 4)) exec "$0" "$@"'
     job = run_mpi(4, "peer_killed.py", mode, count, tmp_path, env={"RINGCOMM_TIMEOUT": "60"}, check=False,

@@ -30,7 +30,7 @@ class TransportView(Transport):
         live.add(context)
         revive = getattr(base, "revive_context", None)
         if revive is not None:
-            revive(context)
+            revive(context, list(members))
         self.base, self.members, self.context = base, list(members), context
         self.rank, self.size = self.members.index(base.rank), len(self.members)
         self.name = base.name

@@ -8,7 +8,8 @@ stdout: the launcher forwards the ranks' lines in pieces, and two of them once s
 
 MODE: p2p (around the ring), all_reduce, pairs (4 ranks: each sends to and receives from its
 partner r ^ 1 alone), split (4 ranks: the odd and the even ranks each all-reduce and exchange on
-a sub-communicator of their own, where rank 1 is rank 0). In pairs and split, the ranks that
+a sub-communicator of their own, where rank 1 is rank 0), split_ring (split, the all-reduce
+forced to the ring: a schedule's waits, not the window's). In pairs and split, the ranks that
 never meet rank 1 (2 and 3; 0 and 2) stop after 3 s and write "untouched". Rank 1 writes the
 moment it dies (wall clock) to OUT_DIR/died.txt first.
 """
@@ -25,8 +26,10 @@ mode, count, out_dir = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 comm = ringcomm.init()
 r, n = comm.rank, comm.size
 x, y = np.ones(count, np.float32), np.empty(count, np.float32)
-sub = comm.split(r % 2) if mode == "split" else comm
-apart = (mode == "pairs" and r // 2 != 0) or (mode == "split" and r % 2 == 0)
+split = mode.startswith("split")
+sub = comm.split(r % 2) if split else comm
+apart = (mode == "pairs" and r // 2 != 0) or (split and r % 2 == 0)
+algorithm = "ring" if mode == "split_ring" else None
 
 
 def exchange(c, right, left):
@@ -52,10 +55,10 @@ try:
         elif mode == "pairs":
             exchange(comm, r ^ 1, r ^ 1)
         else:
-            sub.all_reduce(x)
+            sub.all_reduce(x, algorithm=algorithm)
             stop = x[0] > sub.size
             x[:] = 1
-            if mode == "split":
+            if split:
                 exchange(sub, (sub.rank + 1) % sub.size, (sub.rank - 1) % sub.size)
         if apart and (x[0] == 2.0 or y[0] == 2.0 if mode == "pairs" else stop):
             report("untouched")

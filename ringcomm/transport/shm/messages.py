@@ -47,6 +47,13 @@ from .segments import address
 TAG_LIMIT = 1 << 62
 
 
+def _gone(req) -> Optional[str]:
+    """Why the peer of a stalled send or receive ``req`` will post nothing more, named as the
+    communicator of its message numbers it (ShmTransport.aborted_reason)."""
+    t = req.t
+    return t.aborted_reason(req.peer, t._as_rank(req.tag, req.peer))
+
+
 class _Send(Request):
     __slots__ = ("t", "peer", "tag", "ord", "buf", "seg", "off", "extra", "slot", "num", "mpi", "keep", "pooled",
                  "held", "pipe")
@@ -70,7 +77,7 @@ class _Send(Request):
             return t._send_done(self)
 
     def wait(self, timeout):
-        return wait_polling(self.test, timeout, lambda: self.t.aborted_reason(self.peer))
+        return wait_polling(self.test, timeout, lambda: _gone(self))
 
     def buffered(self) -> bool:
         # Published into the pool (or empty): the caller's array was copied when it was, and
@@ -121,7 +128,7 @@ class _Recv(Request):
         return self.done
 
     def wait(self, timeout):
-        return wait_polling(self.test, timeout, lambda: self.t.aborted_reason(self.peer))
+        return wait_polling(self.test, timeout, lambda: _gone(self))
 
     def cancel(self) -> None:
         """Withdraw a copy-receive whose message has not been claimed (comm.close())."""
@@ -345,6 +352,7 @@ class Messages:
         SLOTS of them: that many messages later, of any communicator, that pair's sends waited for
         the slot until their deadline."""
         with self._lock:
+            self._members_of.pop(context, None)
             if self._closed:
                 return
             self._dead_contexts.add(context)
@@ -354,10 +362,20 @@ class Messages:
                 for key in [k for k in arrived if k[0] >> CONTEXT_SHIFT == context]:
                     self._drop(p, key)
 
-    def revive_context(self, context: int) -> None:
-        """A new view takes ``context``: its messages are received again."""
+    def revive_context(self, context: int, members: Optional[list] = None) -> None:
+        """A new view takes ``context``: its messages are received again. ``members``: its ranks
+        (job ranks, in its order), by which a stalled wait of its messages names a peer."""
         with self._lock:
             self._dead_contexts.discard(context)
+            if members is not None:
+                self._members_of[context] = members
+
+    def _as_rank(self, tag: int, p: int) -> Optional[int]:
+        """Node rank ``p``'s rank in the sub-communicator whose message carries ``tag`` (its
+        context above bit 32), or None in the job's own communicator (aborted_reason's ``as_rank``)."""
+        members = self._members_of.get(tag >> CONTEXT_SHIFT)
+        job_rank = self.ranks[p]
+        return members.index(job_rank) if members is not None and job_rank in members else None
 
     def _drop(self, p: int, key: tuple) -> None:
         """Acknowledge ``p``'s message ``key`` unread (lock held)."""

@@ -158,6 +158,7 @@ class ShmTransport(Messages, Transport):
         self._slot_of: dict = {}   # a live view's context id -> its window's slot
         self._slot_last: dict = {}   # slot -> (context id, node ranks) of the last window this rank had on it
         self._slots_offered = 0  # bit mask: slots a split in flight offered its peers (reserve_window_slots)
+        self._members_of: dict = {}       # open views' context id -> their members (revive_context)
         self._dead_contexts: set = set()   # closed views' context ids: their messages are dropped (drop_context)
         self._mpi_in: list = [{} for _ in range(self.n)]     # (tag, ord) -> (MPI request, bytes)
         self._inflight: list = [deque() for _ in range(self.n)]   # published sends holding pool space or read by CMA
