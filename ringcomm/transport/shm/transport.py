@@ -522,9 +522,9 @@ class ShmTransport(Messages, Transport):
 
     def aborted_reason(self, peer: Optional[int] = None, as_rank: Optional[int] = None) -> Optional[str]:
         """Why waits on node rank ``peer`` (None: on no one peer) must stop, or None. ``as_rank``:
-        the peer's rank in the communicator that waits (a sub-communicator's window), which the
-        reason names beside its rank in the job: "rank 3" alone, said to a communicator of two,
-        named no member of it."""
+        the peer's rank in the communicator that waits (a sub-communicator: its window's rounds,
+        its messages' waits), which the reason names beside its rank in the job: "rank 3" alone,
+        said to a communicator of two, named no member of it."""
         if self._aborted is not None:
             return self._aborted
         if peer is None or peer >= len(self.ranks):
