@@ -46,12 +46,16 @@ class PeerAbortedError(CommError):
 PEER_ENDED = "is no longer running"
 
 
+def rank_name(rank: int, job_rank: Optional[int] = None, pid: Optional[int] = None) -> str:
+    """A peer as an error names it: ``rank`` in the communicator that waited for it, beside it its
+    rank in the job where that differs (``job_rank``: a sub-communicator's member) and its pid."""
+    other = job_rank is not None and job_rank != rank
+    more = ([f"rank {job_rank} of the job"] if other else []) + ([f"pid {pid}"] if pid is not None else [])
+    return f"rank {rank}" + (" of this communicator" if other else "") + (f" ({', '.join(more)})" if more else "")
+
+
 def peer_ended(rank: int, pid: int, job_rank: Optional[int] = None) -> str:
-    """``rank``: the peer's rank in the communicator that waited for it; ``job_rank``: its rank in
-    the job where that differs (a sub-communicator), which the message names beside it."""
-    who = (f"rank {rank} (pid {pid})" if job_rank in (None, rank) else
-           f"rank {rank} of this communicator (rank {job_rank} of the job, pid {pid})")
-    return f"{who} {PEER_ENDED}: it was killed, or ended without closing its communicator"
+    return f"{rank_name(rank, job_rank, pid)} {PEER_ENDED}: it was killed, or ended without closing its communicator"
 
 
 class CommunicatorLimitError(CommError):

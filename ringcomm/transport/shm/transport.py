@@ -31,7 +31,7 @@ import numpy as np
 from ... import env
 from ...core import copying
 from ...diagnostics import faults
-from ...errors import CommError, PeerAbortedError, UsageError, peer_ended
+from ...errors import CommError, PeerAbortedError, UsageError, peer_ended, rank_name
 from ..base import Transport, WindowSlot
 from ..mpi import Ledger
 from ..polling import spin_for
@@ -530,17 +530,17 @@ class ShmTransport(Messages, Transport):
         if peer is None or peer >= len(self.ranks):
             return None
         job_rank = self.ranks[peer]
-        who = f"rank {job_rank}" if as_rank in (None, job_rank) else \
-            f"rank {as_rank} of this communicator (rank {job_rank} of the job)"
+        name = job_rank if as_rank is None else as_rank
         if peer < len(self.peer_header):
             header = self.peer_header[peer]
             if header[ABORT]:
-                return f"{who} aborted its {self.name} transport"
+                return f"{rank_name(name, job_rank)} aborted its {self.name} transport"
             if header[CLOSED]:   # it will post nothing more: waiting out the timeout tells nobody more
-                return f"{who} has closed its communicator (close())"
-        if peer < len(self._ended) and self._peer_ended(peer):
-            return peer_ended(job_rank if as_rank is None else as_rank, self._pids[peer], job_rank)
-        return None
+                return f"{rank_name(name, job_rank)} has closed its communicator (close())"
+        ended = self._peer_ended(peer) if peer < len(self._ended) else None
+        if ended and name != job_rank:   # the reason kept names the job rank alone
+            return peer_ended(name, self._pids[peer], job_rank)
+        return ended or None
 
     def peer_gone(self, peer: int, as_rank: Optional[int] = None) -> Optional[str]:
         p = self.local.get(peer)
