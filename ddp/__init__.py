@@ -1,4 +1,6 @@
 """Data-parallel training over ringcomm: gradient buckets all-reduced while backward runs."""
+from ringcomm.integrations.autoregister import never_traced
+
 from . import comm_hooks
 from .comm_hooks import (
                          CommFuture,
@@ -11,6 +13,8 @@ from .comm_hooks import (
 )
 from .distributed import DistributedDataParallel, broadcast_tensors
 from .reducer import GradBucket, assign_buckets
+
+never_traced(f"{__name__}.untraced")   # the wrapper's bookkeeping around a compiled forward
 
 __all__ = [
     "DistributedDataParallel", "GradBucket", "CommState", "CommFuture", "comm_hooks",

@@ -11,9 +11,7 @@ so every backend of ringcomm.init works. See reducer.py for how buckets overlap 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
-import time
 import weakref
 from typing import Callable, Optional
 
@@ -23,10 +21,10 @@ from torch import nn
 from ringcomm.errors import UsageError, bad_type, bad_value
 from ringcomm.integrations.torch_tensors import flat as flat_view
 
-from . import comm_hooks
+from . import comm_hooks, untraced
 from .places import Places
 from .reducer import Reducer
-from .timeline import COMPUTE, from_env
+from .timeline import from_env
 
 NAME = "DistributedDataParallel"
 
@@ -96,34 +94,10 @@ class DistributedDataParallel(nn.Module):
 
     # ---- training-loop API ---------------------------------------------------------------------
     def forward(self, *args, **kwargs):
-        if self._changed:
-            self._refuse_changed()
-        if torch.is_grad_enabled():
-            if self._places.moved():
-                self._refuse_moved()
-            if self._frozen:
-                self._refuse_thawed()
-        self.reducer.maybe_rebuild()
-        # As torch's DDP: buffers are synchronised before a forward whose predecessor synchronised
-        # gradients (or the first), not after a no_sync or no_grad forward, whose buffer updates
-        # (BatchNorm's running stats) stay each rank's until the next synchronised step.
-        if self.broadcast_buffers and self._sync_buffers:
-            buffers = [b.data for b in self.module.buffers()]
-            if buffers:
-                broadcast_tensors(self.comm, buffers)
-        t0 = time.perf_counter()
-        out = self.module(*args, **kwargs)
-        if self.timeline:
-            self.timeline.span("forward", t0, time.perf_counter(), COMPUTE)
-        self._sync_buffers = torch.is_grad_enabled() and self.require_backward_grad_sync
-        if self._sync_buffers:
-            # Armed even where no output tensor is found (an object of the user's own): the first
-            # parameter's gradient then starts the reduction. Armed only when a tensor was found,
-            # a dataclass output's backward went unreduced and the replicas drifted apart.
-            self.reducer.prepare_backward([t for t in _tensors(out) if t.requires_grad])
-        else:
-            self.reducer.disarm()
-        return out
+        # Under torch.compile only the module's own call is traced; the bookkeeping either side
+        # runs as ordinary Python (untraced.py says why).
+        untraced.before_forward(self)
+        return untraced.after_forward(self, self.module(*args, **kwargs))
 
     def __getstate__(self):
         # Without this, pickle stopped at the reducer's lock: "cannot pickle '_thread.RLock' object".
@@ -287,20 +261,6 @@ def _default_comm(ringcomm):
     if not _DEFAULT_COMM:
         _DEFAULT_COMM.append(ringcomm.init())
     return _DEFAULT_COMM[0]
-
-
-def _tensors(obj) -> list:
-    """The tensors in a forward's output, where torch's DDP looks for them: in lists, tuples
-    (named ones too), dicts and dataclasses, nested."""
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, (list, tuple)):
-        return [t for x in obj for t in _tensors(x)]
-    if isinstance(obj, dict):
-        return [t for x in obj.values() for t in _tensors(x)]
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return [t for f in dataclasses.fields(obj) for t in _tensors(getattr(obj, f.name))]
-    return []
 
 
 def _model_entries(module: nn.Module) -> list:

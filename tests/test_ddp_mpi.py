@@ -41,6 +41,18 @@ def test_torch_distributed_on_ringcomm(backend):
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("order", ["dynamo_later", "dynamo-first"])
+def test_torch_compile_runs_ringcomm_as_python_and_compiles_what_ddp_wraps(order):
+    """Collectives and sends inside a compiled function, ringcomm's DDP (with a BatchNorm) and
+    torch's DDP on backend "ringcomm", each under torch.compile, give bit for bit what they give
+    uncompiled, and ringcomm's DDP gets its module compiled (mpi_jobs/torch_compiled.py): before,
+    Dynamo traced into ringcomm and each stopped with its errors. torch._dynamo loaded before
+    ringcomm, or only at the first compile (ddp's import must not load it: 0.6 s)."""
+    out = run_mpi(2, "torch_compiled.py", order).stdout
+    _checks_passed(out, 2, ["calls_in_compiled_functions", "ringcomm_ddp_compiled", "torch_ddp_compiled"])
+
+
+@pytest.mark.mpi
 @pytest.mark.parametrize("backend", ["ringcomm", "mpi", "gloo"])
 def test_forked_children_are_refused_and_dataloader_workers_leave_the_group_intact(backend):
     """A child forked from a rank (os.fork, a DataLoader worker) raises on every call instead of
