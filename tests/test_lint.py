@@ -32,3 +32,18 @@ def test_every_file_the_docs_name_exists():
             if not (ROOT / path).exists():
                 missing.append(f"{doc.relative_to(ROOT)} names {path}")
     assert not missing, "\n".join(missing)
+
+
+def test_pip_and_the_package_report_one_version(tmp_path):
+    # pyproject.toml said 0.1.0 while ringcomm.__version__ said 0.2.0; the version is now read
+    # from the package at install. Asked from another directory: a stale ringcomm.egg-info in
+    # the checkout (left by ``pip wheel .``) would answer for the installed distribution.
+    code = ("import importlib.metadata as m, ringcomm\n"
+            "try:\n    print(m.version('ringcomm'), ringcomm.__version__)\n"
+            "except m.PackageNotFoundError:\n    print('not installed')\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                         check=True).stdout.split()
+    if out == ["not installed"]:
+        pytest.skip("ringcomm is not installed in this environment (make setup installs it)")
+    installed, package = out
+    assert installed == package, f"pip says {installed}, ringcomm.__version__ says {package}"
