@@ -164,6 +164,8 @@ def test_write_process_writes_into_another_process_and_says_when_it_is_gone():
 
 
 def test_read_process_continues_after_a_short_read(monkeypatch):
+    """The ctypes road (no compiled extension); the compiled one loops the same way (_round.c)."""
+    monkeypatch.setattr(cma, "compiled_transfer", None)
     calls = []
 
     def three_bytes_at_a_time(pid, local, nl, remote, nr, flags):
@@ -178,6 +180,8 @@ def test_read_process_continues_after_a_short_read(monkeypatch):
 
 
 def test_a_failed_read_or_write_names_the_peer_errno_address_and_size(monkeypatch):
+    monkeypatch.setattr(cma, "compiled_transfer", None)   # the ctypes road, its errno faked
+
     def fault(*args):
         ctypes.set_errno(errno.EFAULT)
         return -1
@@ -188,6 +192,31 @@ def test_a_failed_read_or_write_names_the_peer_errno_address_and_size(monkeypatc
     monkeypatch.setattr(cma, "_process_vm_writev", fault)
     with pytest.raises(CommError, match=r"rank 0: cannot write 8 bytes at 0x1000 of rank 5 \(pid 4321\): EFAULT"):
         memory.push(1, 0x1000, np.zeros(1, np.int64))
+
+
+@pytest.mark.skipif(cma.compiled_transfer is None, reason="the compiled extension is not built")
+def test_the_compiled_and_the_ctypes_road_move_the_same_bytes_and_name_the_same_errno(monkeypatch):
+    """cma.py reads and writes through core/_round.c's transfer where it is built, through ctypes
+    otherwise: the same bytes (a large range, an unaligned one), the same OSError for a peer's
+    address that is not mapped, worded by PeerMemory the same way."""
+    if cma_denied():
+        pytest.skip(cma_denied())
+    src = np.random.default_rng(0).integers(0, 256, (3 << 20) + 5, dtype=np.uint8)
+    results = []
+    for road in (cma.compiled_transfer, None):
+        monkeypatch.setattr(cma, "compiled_transfer", road)
+        dst = np.zeros_like(src)
+        shm.read_process(os.getpid(), src.ctypes.data + 3, dst.ctypes.data, src.nbytes - 3)
+        back = np.zeros_like(src)
+        shm.write_process(os.getpid(), back.ctypes.data + 1, dst.ctypes.data, src.nbytes - 3)
+        memory = cma.PeerMemory(0, [0, 5], [os.getpid(), os.getpid()], bounce=False)
+        with pytest.raises(CommError) as refused:
+            memory.pull(1, 0x1000, np.zeros(1, np.int64))
+        results.append((dst[:-3].copy(), back[1:-2].copy(), str(refused.value)))
+        assert np.array_equal(dst[:-3], src[3:]) and np.array_equal(back[1:-2], src[3:])
+    (d1, b1, e1), (d2, b2, e2) = results
+    assert np.array_equal(d1, d2) and np.array_equal(b1, b2)
+    assert e1 == e2 and "cannot read 8 bytes at 0x1000 of rank 5" in e1 and "EFAULT" in e1, (e1, e2)
 
 
 def test_timeout_is_an_error_not_a_hang():

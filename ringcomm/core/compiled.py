@@ -13,8 +13,9 @@ from .. import env
 try:
     from ._round import Core
     from ._round import address as _address
+    from ._round import transfer   # process_vm_readv/writev without ctypes (transport/shm/cma.py)
 except ImportError:   # not built (no compiler at install time): the Python round does the work
-    Core = _address = None
+    Core = _address = transfer = None
 
 
 def array_address(a) -> int:

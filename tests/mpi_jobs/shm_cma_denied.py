@@ -20,6 +20,7 @@ if MPI.COMM_WORLD.Get_rank() == int(sys.argv[1]):
         ctypes.set_errno(errno.EPERM)
         return -1
     setattr(cma, f"_process_vm_{sys.argv[2]}v", denied)
+    cma.compiled_transfer = None   # the ctypes road, whose call is replaced (a denial refuses both)
 
 import ringcomm  # noqa: E402
 

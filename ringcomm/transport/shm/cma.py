@@ -1,14 +1,14 @@
 """Cross Memory Attach: a rank reads a peer's private array straight out of the peer's process,
 or writes into it.
 
-process_vm_readv (called through ctypes, which drops the GIL for the call) copies a range of
-another process's memory into this one: one copy per receive, where staging costs two (copy into
-the pool, then read from it). process_vm_writev is the same copy the other way, done by the
-rank that has the data: a gather's ranks write their blocks into the root's output at once,
-each on its own core, instead of the root reading them one after another. The kernel allows
-both only where the caller could attach a debugger to the peer anyway (same user, ptrace
-permitted), and the ranks of a node are already trusted with each other's 0600 segments, so
-they grant nothing a rank could not do already.
+process_vm_readv (compiled in core/_round.c where built, else through ctypes; either drops the
+GIL for the call) copies a range of another process's memory into this one: one copy per
+receive, where staging costs two (copy into the pool, then read from it). process_vm_writev is
+the same copy the other way, done by the rank that has the data: a gather's ranks write their
+blocks into the root's output at once, each on its own core, instead of the root reading them
+one after another. The kernel allows both only where the caller could attach a debugger to the
+peer anyway (same user, ptrace permitted), and the ranks of a node are already trusted with each
+other's 0600 segments, so they grant nothing a rank could not do already.
 
 Containers often forbid them (seccomp, ptrace rules: EPERM), so at setup every rank test-reads a
 random token from the next rank of the node and writes the same value back (the token also
@@ -35,6 +35,7 @@ import numpy as np
 
 from ... import env
 from ...core import copying
+from ...core.compiled import transfer as compiled_transfer
 from ...errors import CommError
 from .segments import address
 
@@ -77,10 +78,16 @@ _process_vm_readv = _load("process_vm_readv")
 _process_vm_writev = _load("process_vm_writev")
 
 
-def _transfer(call, pid: int, remote_addr: int, local_addr: int, nbytes: int) -> None:
-    """Copy ``nbytes`` between ``remote_addr`` in process ``pid`` and ``local_addr`` here, the way
-    ``call`` goes; OSError on failure. The kernel may stop short (a page it could not reach), so
-    the rest is asked for again; that second call then reports the error."""
+def _transfer(write: bool, pid: int, remote_addr: int, local_addr: int, nbytes: int) -> None:
+    """Copy ``nbytes`` between ``remote_addr`` in process ``pid`` and ``local_addr`` here: into
+    local (or, with ``write``, out of it); OSError on failure. Compiled where built (ctypes'
+    argument conversion cost ~1 us a call); else through ctypes, where the kernel may stop short
+    (a page it could not reach), so the rest is asked for again and that second call reports the
+    error (the compiled call does the same)."""
+    if compiled_transfer is not None:
+        compiled_transfer(pid, local_addr, remote_addr, nbytes, write)
+        return
+    call = _process_vm_writev if write else _process_vm_readv
     local, remote = _IoVec(), _IoVec()
     done = 0
     while done < nbytes:
@@ -95,12 +102,12 @@ def _transfer(call, pid: int, remote_addr: int, local_addr: int, nbytes: int) ->
 
 def read_process(pid: int, addr: int, dst_addr: int, nbytes: int) -> None:
     """Copy ``nbytes`` at ``addr`` in process ``pid`` to ``dst_addr`` here; OSError on failure."""
-    _transfer(_process_vm_readv, pid, addr, dst_addr, nbytes)
+    _transfer(False, pid, addr, dst_addr, nbytes)
 
 
 def write_process(pid: int, addr: int, src_addr: int, nbytes: int) -> None:
     """Copy ``nbytes`` at ``src_addr`` here to ``addr`` in process ``pid``; OSError on failure."""
-    _transfer(_process_vm_writev, pid, addr, src_addr, nbytes)
+    _transfer(True, pid, addr, src_addr, nbytes)
 
 
 def min_bytes() -> int:
