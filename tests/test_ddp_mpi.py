@@ -47,9 +47,11 @@ def test_torch_compile_runs_ringcomm_as_python_and_compiles_what_ddp_wraps(order
     torch's DDP on backend "ringcomm", each under torch.compile, give bit for bit what they give
     uncompiled, and ringcomm's DDP gets its module compiled (mpi_jobs/torch_compiled.py): before,
     Dynamo traced into ringcomm and each stopped with its errors. torch._dynamo loaded before
-    ringcomm, or only at the first compile (ddp's import must not load it: 0.6 s)."""
+    ringcomm, or only at the first compile (ddp's import must not load it: 0.6 s). Dynamo's log
+    must name no frame of ringcomm's and, of ddp's, only the wrapper's forward."""
     out = run_mpi(2, "torch_compiled.py", order).stdout
-    _checks_passed(out, 2, ["calls_in_compiled_functions", "ringcomm_ddp_compiled", "torch_ddp_compiled"])
+    _checks_passed(out, 2, ["calls_in_compiled_functions", "ringcomm_ddp_compiled", "torch_ddp_compiled",
+                            "only_the_forward_traced"])
 
 
 @pytest.mark.mpi

@@ -11,6 +11,7 @@ Dynamo's errors.
 ``dynamo-first`` loads torch._dynamo before ringcomm (registered at import), otherwise it loads
 at the first torch.compile (registered by the import hook).
 """
+import logging
 import sys
 
 import torch
@@ -27,6 +28,20 @@ from job_exit import exit_now  # noqa: E402
 
 assert ("torch._dynamo" in sys.modules) == ("dynamo-first" in sys.argv)
 torch.set_num_threads(1)
+
+
+class Traced(logging.Handler):
+    """Every frame Dynamo starts tracing ("... start tracing NAME FILE:LINE"), from its log."""
+    frames: list = []
+
+    def emit(self, record):
+        message = record.getMessage()
+        if "start tracing" in message:
+            self.frames.append(message.split("start tracing ", 1)[1])
+
+
+torch._logging.set_logs(dynamo=logging.INFO)
+logging.getLogger("torch._dynamo").addHandler(Traced())
 comm = ringcomm.init_process_group()
 R, N = comm.rank, comm.size
 counters = None
@@ -114,6 +129,13 @@ for name, wrap in (("ringcomm ddp", lambda m: DistributedDataParallel(m, comm)),
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     assert graphs >= 1 or name == "torch ddp", (name, "the wrapped module was not compiled", dict(torch._dynamo.utils.counters))
     print(f"check {name.replace(' ', '_')}_compiled ok ({graphs} graphs)", flush=True)
+
+# Of ringcomm and ddp, Dynamo traces ddp's forward and nothing else: the bookkeeping it calls
+# (reducer, places) was traced frame by frame until ddp/untraced.py ran it with evaluation off.
+ours = [f for f in Traced.frames if "/ringcomm/" in f or ("/ddp/" in f and "/ddp/distributed.py" not in f)]
+assert not ours, ours
+assert any("/ddp/distributed.py" in f for f in Traced.frames), Traced.frames
+print("check only_the_forward_traced ok", flush=True)
 
 dist.destroy_process_group()
 print(f"rank {R} done", flush=True)
