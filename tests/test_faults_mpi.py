@@ -95,19 +95,26 @@ def test_the_peers_of_a_killed_rank_raise_within_a_second_naming_its_death(mode,
     there waits out its timeout: docs/reliability.md). Before round fifty-two every survivor
     waited out its timeout, and a send then blamed a recv the program had not posted."""
     n = 2 * nodes if nodes > 1 else 3
+    job, died, reports = _rank_1_killed(n, nodes, mode, count, tmp_path)
+    assert sorted(reports) == [p for p in range(n) if p != 1], job.stdout + job.stderr
+    for rank, (when, what) in reports.items():   # or a CMA read of the dead rank's memory saw it first
+        assert re.match(r"(PeerAbortedError|CommError): ", what) and \
+            re.search(r"rank 1 \(pid \d+\)(?: is no longer running|: ESRCH \(the process is gone\))", what), \
+            (rank, what)
+        assert when - died < 2.0, (rank, when - died, what)
+
+
+def _rank_1_killed(n: int, nodes: int, mode: str, count: int, tmp_path) -> tuple:
+    """Run mpi_jobs/peer_killed.py on ``n`` ranks as ``nodes`` pretend nodes with the survivors
+    kept alive; (the job, when rank 1 died, {rank: (when it reported, what it reported)})."""
     node_id = f'RINGCOMM_NODE_ID=n$((PMI_RANK * {nodes} / {n})) exec "$0" "$@"'
     job = run_mpi(n, "peer_killed.py", mode, count, tmp_path, env={"RINGCOMM_TIMEOUT": "60"}, check=False,
                   timeout=120, **survivors_kept("sh", "-c", node_id))
     died = float((tmp_path / "died.txt").read_text())
-    reports = {int(m[0]): (float(m[1]), m[2], m[3])
+    reports = {int(m[0]): (float(m[1]), m[2])
                for path in tmp_path.glob("rank*.txt")
-               for m in re.findall(r"^rank (\d+) at ([\d.]+): (\w+): (.*)$", path.read_text(), re.M)}
-    assert sorted(reports) == [p for p in range(n) if p != 1], job.stdout + job.stderr
-    for rank, (when, kind, msg) in reports.items():   # or a CMA read of the dead rank's memory saw it first
-        assert kind in ("PeerAbortedError", "CommError") and \
-            re.search(r"rank 1 \(pid \d+\)(?: is no longer running|: ESRCH \(the process is gone\))", msg), \
-            (rank, kind, msg)
-        assert when - died < 2.0, (rank, when - died, msg)
+               for m in re.findall(r"^rank (\d+) at ([\d.]+): (.*)$", path.read_text(), re.M)}
+    return job, died, reports
 
 
 @pytest.mark.parametrize("mode,count", [("pairs", 100), ("pairs", 1 << 18), ("split", 100), ("split", 1 << 18),
@@ -122,14 +129,7 @@ def test_a_killed_ranks_partner_raises_within_a_second_off_the_window_and_names_
     rank its communicator of two does not have, from the window's waits and (split_ring, an
     all-reduce forced to the ring) from the transport's. Ranks 2 and 3 (pairs) or 0 and 2
     (split) never meet rank 1 and stop on their own."""
-    nodes = 2 if mode == "pairs" else 1
-    node_id = f'RINGCOMM_NODE_ID=n$((PMI_RANK * {nodes} / 4)) exec "$0" "$@"'
-    job = run_mpi(4, "peer_killed.py", mode, count, tmp_path, env={"RINGCOMM_TIMEOUT": "60"}, check=False,
-                  timeout=120, **survivors_kept("sh", "-c", node_id))
-    died = float((tmp_path / "died.txt").read_text())
-    reports = {int(m[0]): (float(m[1]), m[2])
-               for path in tmp_path.glob("rank*.txt")
-               for m in re.findall(r"^rank (\d+) at ([\d.]+): (.*)$", path.read_text(), re.M)}
+    job, died, reports = _rank_1_killed(4, 2 if mode == "pairs" else 1, mode, count, tmp_path)
     partner = 0 if mode == "pairs" else 3
     assert sorted(reports) == [0, 2, 3], job.stdout + job.stderr
     for rank, (when, what) in reports.items():

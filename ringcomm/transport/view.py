@@ -28,10 +28,10 @@ class TransportView(Transport):
             raise CommError(f"sub-communicator context id {context:#x} is already in use on rank {base.rank} "
                             f"(a hash collision of two split paths): split again with another color or key")
         live.add(context)
+        self.base, self.members, self.context = base, list(members), context
         revive = getattr(base, "revive_context", None)
         if revive is not None:
-            revive(context, list(members))
-        self.base, self.members, self.context = base, list(members), context
+            revive(context, self.members)   # never changed after this: the transport may keep it
         self.rank, self.size = self.members.index(base.rank), len(self.members)
         self.name = base.name
         self.window = window
