@@ -4,7 +4,7 @@
 #   make test   set up .venv if needed, then run the whole test suite
 #   make torch-tests  torch's own distributed tests (DistributedTest._DistTestBase) on gloo and
 #               on ringcomm at 2 and 3 ranks, compared (about 15 minutes on 2 cores: not in make test)
-#   make soak   30,000 random collectives on 4 ranks in a 64 MiB /dev/shm (needs root for unshare)
+#   make soak   30,000 random calls on 4 ranks in a 64 MiB /dev/shm (needs root for unshare)
 PYTHON ?= python3
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
