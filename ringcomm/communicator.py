@@ -513,8 +513,9 @@ class Communicator(PointToPoint, SubCommunicators):
         chosen = forced or self.selector.choose(name, nbytes, self.size, dtype=call.dtype.name if call.dtype else "uint8",
                                                 nodes=nodes, transport=self.transport, window=host,
                                                 uneven=collective.is_uneven(call))
-        how = "algorithm= argument" if forced else \
-            "RINGCOMM_ALGO" if name in self.selector.forced else "cost model"
+        by_env = self.selector.forced.get(name)
+        how = "algorithm= argument" if forced else "RINGCOMM_ALGO" if by_env == chosen else \
+            "cost model" if by_env is None else f"cost model: RINGCOMM_ALGO's {by_env} needs equal counts"
         reduce = None if call.op is None else reducer(call.op, call.dtype)
         count = collective.envelope_count(call)
         static = static_bits(collective.code, call.dtype.name if call.dtype else None, count, op_code(call.op))

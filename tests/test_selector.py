@@ -132,6 +132,35 @@ def new_communicator():
     return Communicator(ThreadsTransport(ThreadsWorld(1), 0))
 
 
+def test_an_algorithm_for_equal_counts_forced_by_ringcomm_algo_leaves_uneven_calls_to_the_cost_model(
+        monkeypatch, caplog):
+    """RINGCOMM_ALGO=all_to_all=bruck ran bruck's equal blocks on uneven splits: a false
+    MismatchError, or an output with elements never written (tests/test_mpi_collectives.py has
+    the mpirun case)."""
+    monkeypatch.setenv("RINGCOMM_ALGO", "all_to_all=bruck")
+    splits = [[1, 2, 3], [2, 0, 1], [1, 1, 2]]   # [i][j]: what rank i sends rank j
+
+    def body(comm):
+        r = comm.rank
+        x = np.concatenate([np.full(splits[r][j], 10.0 * r + j) for j in range(3)])
+        out = np.zeros(sum(row[r] for row in splits))
+        comm.all_to_all(out, x, [row[r] for row in splits], splits[r])
+        even = np.zeros(6)
+        comm.all_to_all(even, np.arange(6.0) + 10 * r)
+        return out, even
+    with caplog.at_level(logging.INFO, logger="ringcomm"):
+        results = run_threads(3, body)
+    for r, (out, even) in enumerate(results):
+        assert list(out) == [10.0 * i + r for i in range(3) for _ in range(splits[i][r])]
+        assert list(even) == [10.0 * i + 2 * r + k for i in range(3) for k in range(2)]
+    lines = [m.getMessage() for m in caplog.records if m.name == "ringcomm.selector"]
+    assert sum("all_to_all #0" in m and "bruck" not in m.split("(")[0] and "needs equal counts" in m
+               for m in lines) == 3, lines
+    assert sum("all_to_all #1: bruck" in m and "(RINGCOMM_ALGO)" in m for m in lines) == 3, lines
+    assert Selector(forced={"all_to_all": "bruck"}).choose("all_to_all", 0, 3, uneven=True) != "bruck"
+    assert Selector(forced={"all_to_all": "bruck"}).choose("all_to_all", 96, 3) == "bruck"
+
+
 def test_bad_ringcomm_algo_fails_when_the_communicator_is_made(monkeypatch):
     monkeypatch.setenv("RINGCOMM_ALGO", "all_reduce=nope")
     with pytest.raises(UsageError, match="nope"):

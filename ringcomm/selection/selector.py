@@ -295,8 +295,12 @@ class Selector:
         a handful of them), so this costs a dict lookup after the first call. ``window=False``:
         the buffer cannot use the transport's window (device memory)."""
         forced = self.forced.get(collective)
-        if forced is not None:
+        if forced is not None and not (uneven and algorithms.get(collective, forced).even_only):
             return forced
+        # An algorithm for equal counts, forced for every call, passes an uneven one to the cost
+        # model (as MPICH does with a forced algorithm that does not apply): run, bruck took an
+        # uneven all_to_all's splits for equal blocks (a false MismatchError, or where the sizes
+        # happened to pair up, an output with elements never written).
         routes, window_bytes, direct, compiled = self._shape_of(transport, nodes)
         window_bytes = window_bytes if window else 0
         key = (collective, nbytes, size, dtype, nodes, routes, window_bytes, direct, compiled, uneven)
