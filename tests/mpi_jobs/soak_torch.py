@@ -258,4 +258,10 @@ for k in range(total):
         pending.clear()
 dist.barrier()
 print(f"rank {me}: {checked} calls checked, 0 wrong ({BACKEND})", flush=True)
+if BACKEND == "gloo":
+    # torch's gloo, run only to prove the references, once died at interpreter exit with
+    # "terminate called without an active exception" after every check had passed: its exit is
+    # not what this soak tests.
+    sys.stderr.flush()
+    os._exit(0)
 dist.destroy_process_group()
