@@ -15,9 +15,9 @@ from mpi_util import run_mpi
 BACKENDS = "ringcomm,mpi,gloo"
 
 
-def report_of(tmp_path, n, script, *args):
+def report_of(tmp_path, n, script, *args, env=None):
     path = tmp_path / "report.json"
-    proc = run_mpi(n, script, path, *args, timeout=240, check=False)
+    proc = run_mpi(n, script, path, *args, env=env, timeout=240, check=False)
     if not path.exists():
         pytest.fail(f"{script} wrote no report (exit {proc.returncode})\n{proc.stdout}\n{proc.stderr}")
     report = json.loads(path.read_text())
@@ -97,6 +97,28 @@ def test_ranks_that_disagree_raise_mismatch_on_every_rank_of_a_reference_backend
     buffers as results, gloo killed the job with SIGABRT (mpi_jobs/reference_mismatch.py)."""
     report = report_of(tmp_path, 3, "reference_mismatch.py", "--backends", "mpi,gloo")
     assert report["checks"] == 3 * 2 * 19
+
+
+SCHEDULES = "all_to_all=pairwise,all_gather=ring,reduce_scatter=ring,all_reduce=ring,broadcast=binomial," \
+            "reduce=binomial,gather=binomial,scatter=binomial"
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("forced", ["", SCHEDULES, "all_to_all=bruck,all_reduce=rabenseifner,gather=linear,scatter=linear"],
+                         ids=["own-choice", "schedules", "bruck-rabenseifner-linear"])
+def test_ranks_that_disagree_raise_on_every_rank_of_ringcomm(tmp_path, forced):
+    """The same cases on backend ringcomm: every rank raises (MismatchError, or PeerAbortedError
+    from a peer that found it), within half the timeout. Before: on the schedules, ranks 0 and 1
+    of a pairwise all_to_all and rank 1 of a ring all_gather returned normally while rank 2
+    raised (each message matched its own receiver: uneven calls now end with the confirmation
+    barrier); a rank that broadcast where the others ran a ring all_reduce left every rank
+    waiting for the 20 s timeout (a message of this call's number from a peer not waited on now
+    says it); with RINGCOMM_ALGO=all_to_all=bruck an uneven all_to_all ran bruck's equal blocks,
+    which raised a false MismatchError where the splits agreed and, where they did not, returned
+    an element never written on every rank (the cost model now picks for uneven calls)."""
+    report = report_of(tmp_path, 3, "reference_mismatch.py", "--backends", "ringcomm",
+                       env={"RINGCOMM_ALGO": forced} if forced else None)
+    assert report["checks"] == 3 * 19
 
 
 def _cuda_reason():

@@ -81,7 +81,7 @@ class Collective:
     code: int               # envelope code, unique, < 16
     reduces = False         # takes an op
     rooted = False          # takes a root; rooted collectives end with a confirmation barrier
-    uneven = False          # has a counts/splits argument
+    uneven = False          # has a counts/splits argument; an uneven call confirms too
 
     # -- what the communicator asks ----------------------------------------------------------
     def bus_factor(self, size: int) -> float:
@@ -98,7 +98,12 @@ class Collective:
         return call.count
 
     def confirms(self, call: Call) -> bool:
-        return self.rooted
+        """Whether a schedule ends with the confirmation barrier: where a rank whose own messages
+        all matched could return while another found that the ranks disagree. A root is one such
+        thing; uneven counts another: each message is checked against its receiver's expectation
+        alone, so ranks 0 and 1 of a pairwise all_to_all returned normally while rank 2 raised
+        that rank 0 sent it fewer elements than its out_splits said (a ring all_gather the same)."""
+        return self.rooted or self.is_uneven(call)
 
     def is_uneven(self, call: Call) -> bool:
         return call.counts is not None and len(set(call.counts)) > 1

@@ -144,6 +144,14 @@ class Envelope:
         return (self.algorithm << ALGORITHM_SHIFT | (self.seq % SEQ_MOD) << 19
                 | static_bits(self.code, self.dtype, self.count, self.op))
 
+    def numbered_alike(self, tag: int) -> bool:
+        """Whether the collective message ``tag`` carries this call's number. From a peer this
+        rank is not waiting on it still proves a disagreement when the rest differs: a peer is at
+        most one call ahead of a rank whose messages it needs (every collective needs every
+        rank's, and rooted ones end with a confirmation), never SEQ_MOD calls."""
+        tag &= (1 << 29) - 1
+        return not tag & (CONTROL | P2P) and (tag >> 19 & SEQ_MOD - 1) == self.seq % SEQ_MOD
+
     def describe_mismatch(self, tag: int, peer: int) -> Optional[str]:
         """Why a message with ``tag`` from ``peer`` cannot belong to this collective, or None.
         ``tag`` may also be a window stamp's (envelope.stamp_parts), which names a window

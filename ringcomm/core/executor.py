@@ -6,9 +6,10 @@ together: whichever lane's next request has completed moves on, so no lane waits
 Programs address named buffers (schedule.IN, OUT, TMP); ``run`` receives the arrays.
 
 A wait that does not finish at once is watched: every so often the executor probes for the
-first unmatched message of the peer it waits on. A message whose envelope (see envelope.py)
-names another collective, dtype or count proves the ranks disagree, and an abort notice proves a
-peer gave up; either raises at once instead of waiting out the deadline.
+first unmatched message of the peer it waits on, and of every other peer. A message whose
+envelope (see envelope.py) names another collective, dtype or count (the waited-on peer's, or
+another's of this call's number) proves the ranks disagree, and an abort notice proves a peer
+gave up; either raises at once instead of waiting out the deadline.
 """
 from __future__ import annotations
 
@@ -190,6 +191,12 @@ class _Watch:
                 if found is not None and self.other_algorithm(found[1]):   # this very call, not its program
                     raise MismatchError(f"{self.what} on rank {transport.rank}: "
                                         f"{self.envelope.describe_mismatch(found[1], other)}")
+                # A message of this call's number that is not this call (a rank that broadcasts
+                # where the others all-reduce): the peer this rank waits on may never send.
+                if found is not None and other != peer and self.envelope.numbered_alike(found[1]):
+                    reason = self.envelope.describe_mismatch(found[1], other)
+                    if reason and not (done is not None and done()):
+                        raise MismatchError(f"{self.what} on rank {transport.rank}: {reason}")
                 if found is not None and self.unexpected(found[1], found[2], other):
                     raise MismatchError(
                         f"{self.what} on rank {transport.rank}: rank {other} sent this rank {found[2]} bytes of "
