@@ -104,7 +104,8 @@ SCHEDULES = "all_to_all=pairwise,all_gather=ring,reduce_scatter=ring,all_reduce=
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("forced", ["", SCHEDULES, "all_to_all=bruck,all_reduce=rabenseifner,gather=linear,scatter=linear"],
+@pytest.mark.parametrize("forced", ["", SCHEDULES,
+                                    "all_to_all=bruck,all_reduce=rabenseifner,gather=linear,scatter=linear"],
                          ids=["own-choice", "schedules", "bruck-rabenseifner-linear"])
 def test_ranks_that_disagree_raise_on_every_rank_of_ringcomm(tmp_path, forced):
     """The same cases on backend ringcomm: every rank raises (MismatchError, or PeerAbortedError

@@ -298,9 +298,9 @@ class Selector:
         if forced is not None and not (uneven and algorithms.get(collective, forced).even_only):
             return forced
         # An algorithm for equal counts, forced for every call, passes an uneven one to the cost
-        # model (as MPICH does with a forced algorithm that does not apply): run, bruck took an
-        # uneven all_to_all's splits for equal blocks (a false MismatchError, or where the sizes
-        # happened to pair up, an output with elements never written).
+        # model (as MPICH does with a forced algorithm that does not apply). Run anyway, bruck
+        # took an uneven all_to_all's splits for equal blocks: a false MismatchError, or where
+        # the sizes happened to pair up, an output with elements never written.
         routes, window_bytes, direct, compiled = self._shape_of(transport, nodes)
         window_bytes = window_bytes if window else 0
         key = (collective, nbytes, size, dtype, nodes, routes, window_bytes, direct, compiled, uneven)
