@@ -2,7 +2,8 @@
 reused buffers: tests/mpi_jobs/soak.py) on 4 ranks (2 cores here) inside a 64 MiB /dev/shm,
 every result checked, bitwise equal across each group's ranks, nothing left in /dev/shm; then
 the same on 3 ranks split over pretend nodes, on the reference backends, and through
-torch.distributed. ``make soak`` runs the long one (docs/reliability.md has its result)."""
+torch.distributed (under mpirun and torchrun). ``make soak`` runs the long one
+(docs/reliability.md has its result)."""
 import re
 
 import pytest
@@ -51,3 +52,12 @@ def test_soak_through_torch_distributed(backend):
     job = run_mpi(3, "soak_torch.py", calls, 20261207, backend, env={"RINGCOMM_TIMEOUT": "120"}, timeout=600)
     done = sorted(re.findall(rf"rank (\d): {calls} calls checked, 0 wrong \({backend}\)", job.stdout))
     assert done == ["0", "1", "2"], job.stdout + job.stderr
+
+
+def test_soak_through_torch_distributed_under_torchrun():
+    """The torch soak where torchrun's store, not MPI, brings the ranks together."""
+    from test_torch_c10d import torchrun
+    calls = 1000
+    proc = torchrun(3, "soak_torch.py", 300, args=(calls, 20261208, "ringcomm"))
+    done = sorted(re.findall(rf"rank (\d): {calls} calls checked, 0 wrong \(ringcomm\)", proc.stdout))
+    assert proc.returncode == 0 and done == ["0", "1", "2"], (proc.stdout + proc.stderr)[-6000:]

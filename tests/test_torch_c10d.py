@@ -26,12 +26,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun(n: int, script, timeout: float = 240, **env_vars) -> subprocess.CompletedProcess:
-    """``torchrun --nproc_per_node=n script`` with no MPI variables, this checkout first on the path."""
+def torchrun(n: int, script, timeout: float = 240, args=(), **env_vars) -> subprocess.CompletedProcess:
+    """``torchrun --nproc_per_node=n script args`` with no MPI variables, this checkout first on the path."""
     env = {k: v for k, v in mpi_env().items() if k not in LAUNCHER_VARS and not k.startswith(("PMI", "OMPI"))}
     env.update(env_vars)
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={n}", "--master-addr=127.0.0.1",
-           f"--master-port={free_port()}", "--monitor-interval=1", str(JOBS / script)]
+           f"--master-port={free_port()}", "--monitor-interval=1", str(JOBS / script), *map(str, args)]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
