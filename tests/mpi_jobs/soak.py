@@ -39,6 +39,7 @@ from mpi4py import MPI
 
 import ringcomm
 from ringcomm import algorithms
+from soak_reference import reduce_rows
 
 total, seed = int(sys.argv[1]), int(sys.argv[2])
 max_bytes = int(sys.argv[3]) if len(sys.argv) > 3 else 64 << 20
@@ -117,17 +118,7 @@ def values(k: int, r: int, count: int, dtype: str, op: str) -> np.ndarray:
 def reduce_ref(k: int, count: int, dtype: str, op: str, group: list, factor) -> np.ndarray:
     """The group's inputs of call k reduced with ``op``, computed on one period, then tiled."""
     stack = np.stack([pattern(k, r, dtype, op) for r in group])
-    if op in ("band", "bor", "bxor"):
-        ints = stack.astype(np.int64)
-        fn = {"band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor}[op]
-        one = fn.reduce(ints, axis=0).astype(np.float64)
-    elif dtype == "bool":   # sums are logical or, products logical and
-        one = {"sum": stack.max(0), "prod": stack.min(0), "min": stack.min(0), "max": stack.max(0)}[op]
-    else:
-        one = {"sum": lambda: stack.sum(0), "avg": lambda: stack.sum(0) / len(group),
-               "prod": lambda: stack.prod(0), "min": lambda: stack.min(0), "max": lambda: stack.max(0),
-               "premul_sum": lambda: (factor * stack).sum(0)}[op]()
-    return np.resize(one, count)
+    return np.resize(reduce_rows(stack, op, dtype == "bool", factor), count)
 
 
 def fresh(vals: np.ndarray, dtype: str, use_torch: bool, arena=None):

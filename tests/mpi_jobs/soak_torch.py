@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 import ringcomm  # noqa: F401  - registers the torch.distributed backend "ringcomm"
+from soak_reference import reduce_rows
 
 total, seed = int(sys.argv[1]), int(sys.argv[2])
 BACKEND = sys.argv[3] if len(sys.argv) > 3 else "ringcomm"
@@ -81,14 +82,7 @@ def values(k, r, count, dtype, op):
 
 def reduced(k, count, dtype, op, members):
     stack = np.stack([pattern(k, r, dtype, op) for r in members])
-    if op in ("band", "bor", "bxor"):
-        fn = {"band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor}[op]
-        one = fn.reduce(stack.astype(np.int64), axis=0).astype(np.float64)
-    elif dtype == torch.bool:
-        one = {"sum": stack.max(0), "prod": stack.min(0), "min": stack.min(0), "max": stack.max(0)}[op]
-    else:
-        one = {"sum": stack.sum(0), "prod": stack.prod(0), "min": stack.min(0), "max": stack.max(0)}[op]
-    return np.resize(one, count)
+    return np.resize(reduce_rows(stack, op, dtype == torch.bool), count)
 
 
 kept: collections.OrderedDict = collections.OrderedDict()
